@@ -1,0 +1,35 @@
+"""Exception hierarchy shared by every q* package.
+
+Every message names the offending file/op/tensor and says how to fix it, in one line.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class QuantError(Exception):
+    """Base class of all errors raised by the toolkit."""
+
+
+class ConfigError(QuantError, ValueError):
+    """A configuration key or value is invalid."""
+
+
+class ModelFormatError(QuantError, ValueError):
+    """A model directory or file is missing or not in a format we can read."""
+
+
+class GraphError(QuantError, ValueError):
+    """A graph rewrite cannot be applied (op, tensor or parameter not found, shape mismatch)."""
+
+
+class DataError(QuantError, ValueError):
+    """Calibration or table data is empty, non-finite, or has the wrong shape."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """Return ' (did you mean 'x'?)' for the closest choice, or '' when nothing is close."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
