@@ -1,0 +1,90 @@
+"""Op-type tables and option sets of the ``paddleslim.quant`` API.
+
+The three op-type tables keep the names and values given in the PaddleSlim documentation
+(section "量化训练方法的参数配置"). The documentation prints them as lists; here every table
+is a tuple so no caller can change a value another caller relies on. Copy with ``list(...)``
+when a mutable list is needed.
+
+Op names are those of the legacy ProgramDesc (``conv2d``, ``mul``, ...). The graph backends
+translate them to PIR names (``pd_op.conv2d``, ...) through their own table.
+"""
+
+from __future__ import annotations
+
+# Op types quantized when a model is meant for TensorRT (config key ``for_tensorrt``).
+TENSORRT_OP_TYPES: tuple[str, ...] = (
+    "mul",
+    "conv2d",
+    "pool2d",
+    "depthwise_conv2d",
+    "elementwise_add",
+    "leaky_relu",
+)
+
+# Ops with a weight: the weight and the activation input are both quantized.
+# Seed 000 (the current page) lists 'conv2d_transpose'; the older seed 001 has only
+# ['conv2d', 'depthwise_conv2d', 'mul']. We follow 000.
+TRANSFORM_PASS_OP_TYPES: tuple[str, ...] = ("conv2d", "depthwise_conv2d", "mul", "conv2d_transpose")
+
+# Ops without a weight: only their activation inputs get a quantize/dequantize pair.
+QUANT_DEQUANT_PASS_OP_TYPES: tuple[str, ...] = (
+    "pool2d", "elementwise_add", "concat", "softmax", "argmax", "transpose",
+    "equal", "gather", "greater_equal", "greater_than", "less_equal",
+    "less_than", "mean", "not_equal", "reshape", "reshape2",
+    "bilinear_interp", "nearest_interp", "trilinear_interp", "slice",
+    "squeeze", "elementwise_sub", "relu", "relu6", "leaky_relu", "tanh", "swish",
+)  # fmt: skip
+
+# Not in the seeds. Since Paddle 2, paddle.nn.Linear and fc are exported as 'matmul_v2'
+# (older programs: 'matmul') instead of 'mul', so a Paddle 3 model often has no 'mul' op
+# at all. Accepting these names lets users quantize their Linear layers.
+MATMUL_OP_TYPES: tuple[str, ...] = ("matmul", "matmul_v2")
+
+# Every value accepted in the config key ``quantize_op_types``.
+SUPPORTED_QUANTIZE_OP_TYPES: tuple[str, ...] = (
+    TRANSFORM_PASS_OP_TYPES + QUANT_DEQUANT_PASS_OP_TYPES + MATMUL_OP_TYPES
+)
+
+# Values of the config keys ``weight_quantize_type`` and ``activation_quantize_type``.
+WEIGHT_QUANTIZE_TYPES: tuple[str, ...] = (
+    "abs_max",
+    "channel_wise_abs_max",
+    "range_abs_max",
+    "moving_average_abs_max",
+)
+ACTIVATION_QUANTIZE_TYPES: tuple[str, ...] = ("abs_max", "range_abs_max", "moving_average_abs_max")
+
+# Data types of quantized values (config key ``dtype``). The seeds support 'int8' and name
+# 'uint8' as a possible value; uint8 activations are what ONNX Runtime's int8 kernels run.
+QUANT_DTYPES: tuple[str, ...] = ("int8", "uint8")
+
+# Dygraph QAT: values of ``weight_preprocess_type`` / ``activation_preprocess_type``.
+PREPROCESS_TYPES: tuple[str | None, ...] = (None, "PACT")
+
+# Dygraph QAT: class names of paddle.nn layers whose weight can be fake-quantized
+# (config key ``quantizable_layer_type``; the seeds' default is ['Conv2D', 'Linear']).
+QUANTIZABLE_LAYER_TYPES: tuple[str, ...] = ("Conv2D", "Linear", "Conv2DTranspose")
+
+# Post-training quantization: activation threshold algorithms (``algo`` argument).
+# 'direct' is the older name of 'abs_max'.
+PTQ_ALGOS: tuple[str, ...] = ("KL", "abs_max", "direct", "hist", "mse", "avg", "emd")
+
+# quant_embedding: op types whose table can be quantized, and the quantize types.
+EMBEDDING_OP_TYPES: tuple[str, ...] = ("lookup_table", "fused_embedding_seq_pool", "pyramid_hash")
+EMBEDDING_QUANTIZE_TYPES: tuple[str, ...] = ("abs_max", "log")
+
+__all__ = [
+    "ACTIVATION_QUANTIZE_TYPES",
+    "EMBEDDING_OP_TYPES",
+    "EMBEDDING_QUANTIZE_TYPES",
+    "MATMUL_OP_TYPES",
+    "PREPROCESS_TYPES",
+    "PTQ_ALGOS",
+    "QUANTIZABLE_LAYER_TYPES",
+    "QUANT_DEQUANT_PASS_OP_TYPES",
+    "QUANT_DTYPES",
+    "SUPPORTED_QUANTIZE_OP_TYPES",
+    "TENSORRT_OP_TYPES",
+    "TRANSFORM_PASS_OP_TYPES",
+    "WEIGHT_QUANTIZE_TYPES",
+]
