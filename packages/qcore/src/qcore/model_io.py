@@ -1,0 +1,307 @@
+"""Loading and saving Paddle inference models in every on-disk format a Paddle user has.
+
+Formats (``model_filename`` / ``params_filename`` keep PaddleSlim's meaning):
+
+* PIR: ``*.json`` + ``*.pdiparams`` (Paddle 3's default).
+* Legacy ProgramDesc: ``*.pdmodel`` + ``*.pdiparams``; ``__model__`` + ``__params__``;
+  ``__model__`` + one file per parameter (``params_filename=None``).
+
+A loaded :class:`Model` owns its own scope, so loading never touches another model's
+parameters, and nothing here ever writes to the input files. :func:`save_model` stages the
+output in a temporary directory and renames it into place.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import paddle
+
+from .errors import ModelFormatError
+from .paddle_env import FAMILIES, Family, cpu_executor, static_mode
+
+PARAMS_SUFFIX = ".pdiparams"
+MODEL_SUFFIX = {"pir": ".json", "legacy": ".pdmodel"}
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """Where a model lives on disk. ``params_file`` is None for one-file-per-parameter models."""
+
+    model_file: Path
+    params_file: Path | None
+    family: Family
+
+    @property
+    def directory(self) -> Path:
+        return self.model_file.parent
+
+
+@dataclass
+class Model:
+    """An inference program, its feed names and fetch targets, and the scope holding its weights."""
+
+    program: Any
+    feed_names: list[str]
+    fetch_targets: list[Any]
+    scope: paddle.static.Scope
+    family: Family
+    source: ModelFiles | None = None
+    executor: paddle.static.Executor = field(default_factory=cpu_executor)
+
+    def run(self, feed: dict[str, np.ndarray], fetch_list: list[Any] | None = None) -> list[np.ndarray]:
+        """Run the program in ``paddle.static.Executor``; returns the fetched arrays."""
+        with static_mode(self.family, self.scope):
+            return self.executor.run(
+                self.program, feed=feed, fetch_list=fetch_list or self.fetch_targets, return_numpy=True
+            )
+
+
+def _family_of(model_file: Path) -> Family:
+    if model_file.suffix == ".json":
+        return "pir"
+    with open(model_file, "rb") as f:
+        head = f.read(64).lstrip()
+    return "pir" if head.startswith(b"{") else "legacy"
+
+
+def _only(candidates: list[Path], what: str, where: Path) -> Path | None:
+    if len(candidates) > 1:
+        names = ", ".join(sorted(p.name for p in candidates))
+        raise ModelFormatError(
+            f"{where} holds several {what} files ({names}); pass model_filename to choose one"
+        )
+    return candidates[0] if candidates else None
+
+
+def find_model_files(
+    path: str | os.PathLike[str], model_filename: str | None = None, params_filename: str | None = None
+) -> ModelFiles:
+    """Resolve a model directory, path prefix or model file to the files to load."""
+    path = Path(path)
+    if model_filename is not None:
+        model_file = path / model_filename
+        for suffix in (".pdmodel", ".json"):
+            if not model_file.exists() and (path / (model_filename + suffix)).exists():
+                model_file = path / (model_filename + suffix)
+    elif path.is_file():
+        model_file = path
+    elif not path.is_dir():
+        prefixed = [Path(str(path) + s) for s in (".json", ".pdmodel")]
+        found = [p for p in prefixed if p.exists()]
+        if not found:
+            raise ModelFormatError(
+                f"model not found: {path} is neither a directory, a model file nor a path prefix "
+                "of <prefix>.json / <prefix>.pdmodel; check the path"
+            )
+        model_file = found[0]
+    else:
+        model_file = (
+            (path / "__model__" if (path / "__model__").exists() else None)
+            or _only(sorted(path.glob("*.json")), "*.json model", path)
+            or _only(sorted(path.glob("*.pdmodel")), "*.pdmodel model", path)
+        )
+        if model_file is None:
+            raise ModelFormatError(
+                f"no model in {path}: expected *.json, *.pdmodel or __model__; "
+                "pass model_filename if the model file has another name"
+            )
+    if not model_file.is_file():
+        raise ModelFormatError(f"model file not found: {model_file}; check model_dir and model_filename")
+    family = _family_of(model_file)
+    if params_filename is not None:
+        params_file: Path | None = model_file.parent / params_filename
+        if not params_file.exists() and Path(str(params_file) + PARAMS_SUFFIX).exists():
+            params_file = Path(str(params_file) + PARAMS_SUFFIX)
+        if not params_file.is_file():
+            raise ModelFormatError(f"params file not found: {params_file}; check params_filename")
+    else:
+        guesses = [model_file.with_suffix(PARAMS_SUFFIX), model_file.parent / "__params__"]
+        params_file = next((g for g in guesses if g.is_file()), None)
+        if params_file is None and family == "pir":
+            raise ModelFormatError(
+                f"no {model_file.stem}{PARAMS_SUFFIX} next to {model_file}; pass params_filename"
+            )
+    return ModelFiles(model_file, params_file, family)
+
+
+def _strip_pir_fetch_ops(program: Any) -> None:
+    """Remove ``pd_op.fetch`` ops so other values can be fetched; save adds them back."""
+    block = program.global_block()
+    for op in list(block.ops):
+        if op.name() == "pd_op.fetch":
+            block.remove_op(op)
+
+
+def translate_to_pir(legacy_program: Any) -> tuple[Any, list[Any]]:
+    """Translate a loaded legacy inference program to PIR; returns it and its fetch targets.
+
+    Feed ops become ``pd_op.data`` ops and fetch ops are removed, as for a loaded PIR model.
+    Parameter names are kept, so the model's scope serves both programs.
+    """
+    program = paddle.pir.translate_to_pir(legacy_program.desc)
+    block = program.global_block()
+    fetch_targets = []
+    for op in list(block.ops):
+        if op.name() == "pd_op.feed":
+            fed = op.result(0)
+            with block:
+                data = paddle.static.data(op.attrs()["name"], fed.shape, fed.dtype)
+            fed.replace_all_uses_with(data)
+            data.get_defining_op().move_before(op)
+            block.remove_op(op)
+        elif op.name() == "pd_op.fetch":
+            fetch_targets.append(op.operand_source(0))
+            block.remove_op(op)
+    return program, fetch_targets
+
+
+def load_model(
+    path: str | os.PathLike[str],
+    model_filename: str | None = None,
+    params_filename: str | None = None,
+    *,
+    family: Family | None = None,
+) -> Model:
+    """Load an inference model in any supported format.
+
+    A legacy model loads as a legacy program; pass ``family='pir'`` to translate it to PIR.
+    """
+    files = find_model_files(path, model_filename, params_filename)
+    target = family or files.family
+    if target not in FAMILIES:
+        raise ModelFormatError(f"unknown family {target!r}; choose one of {FAMILIES}")
+    if files.family == "pir" and target == "legacy":
+        raise ModelFormatError(
+            f"{files.model_file} is a PIR model; Paddle 3 cannot translate PIR back to a legacy "
+            "ProgramDesc, so load it as family='pir'"
+        )
+    scope = paddle.static.Scope()
+    exe = cpu_executor()
+    with static_mode(files.family, scope):
+        try:
+            program, feed_names, fetch_targets = paddle.static.load_inference_model(
+                str(files.directory),
+                exe,
+                model_filename=files.model_file.name,
+                params_filename=files.params_file.name if files.params_file else None,
+            )
+        except Exception as exc:  # Paddle raises bare RuntimeError/ValueError here
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelFormatError(
+                f"Paddle could not load {files.model_file} ({first}); is it a Paddle inference model "
+                "and do model_filename/params_filename match the files?"
+            ) from exc
+        if files.family == "pir":
+            _strip_pir_fetch_ops(program)
+    if files.family != target:
+        with static_mode("pir", scope):
+            program, fetch_targets = translate_to_pir(program)
+    return Model(program, list(feed_names), list(fetch_targets), scope, target, files, exe)
+
+
+def _feed_vars(model: Model) -> list[Any]:
+    if model.family == "legacy":
+        block = model.program.global_block()
+        return [block.var(name) for name in model.feed_names]
+    data_ops = {
+        op.attrs()["name"]: op.result(0)
+        for op in model.program.global_block().ops
+        if op.name() == "pd_op.data"
+    }
+    return [data_ops[name] for name in model.feed_names]
+
+
+def _write_legacy(model: Model, out_dir: Path, model_name: str, params_name: str | None) -> None:
+    feeds, fetches = _feed_vars(model), model.fetch_targets
+    program = paddle.static.normalize_program(model.program, feeds, fetches)
+    (out_dir / model_name).write_bytes(paddle.static.io._serialize_program(program))
+    if params_name is not None:
+        blob = paddle.static.io._serialize_persistables(program, model.executor)
+        (out_dir / params_name).write_bytes(blob)
+    else:
+        persistables = [v for v in program.list_vars() if v.persistable and v.name not in ("feed", "fetch")]
+        paddle.static.io.save_vars(model.executor, str(out_dir), program, vars=persistables)
+
+
+def _write_pir(model: Model, out_dir: Path, model_name: str, params_name: str) -> None:
+    stem = out_dir / "model"
+    paddle.static.save_inference_model(
+        str(stem), _feed_vars(model), model.fetch_targets, model.executor, program=model.program
+    )
+    os.replace(str(stem) + ".json", out_dir / model_name)
+    os.replace(str(stem) + PARAMS_SUFFIX, out_dir / params_name)
+
+
+def output_filenames(
+    family: Family, model_filename: str | None, params_filename: str | None
+) -> tuple[str, str | None]:
+    """Default and validate the output file names for ``family``."""
+    if model_filename is None:
+        model_filename = "inference" + MODEL_SUFFIX[family]
+        params_filename = params_filename or "inference" + PARAMS_SUFFIX
+    if family == "pir":
+        if not model_filename.endswith(".json"):
+            raise ModelFormatError(
+                f"a PIR model file must end in .json (got {model_filename!r}); Paddle decides the IR "
+                "from the suffix. Use e.g. 'inference.json', or save in the legacy family"
+            )
+        params_filename = params_filename or Path(model_filename).stem + PARAMS_SUFFIX
+    return model_filename, params_filename
+
+
+def save_model(
+    model: Model,
+    save_dir: str | os.PathLike[str],
+    model_filename: str | None = None,
+    params_filename: str | None = None,
+) -> ModelFiles:
+    """Save ``model`` into ``save_dir`` atomically and return where it went.
+
+    ``params_filename=None`` with a ``model_filename`` writes one file per parameter (legacy
+    family only, as in PaddleSlim). The directory is staged next to ``save_dir`` and renamed
+    into place; files of an older model there are replaced only once the new one is complete.
+    """
+    save_dir = Path(save_dir).resolve()
+    if model.source is not None and save_dir == model.source.directory.resolve():
+        raise ModelFormatError(
+            f"refusing to write into the input model's directory {save_dir}; choose another save dir"
+        )
+    model_name, params_name = output_filenames(model.family, model_filename, params_filename)
+    save_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{save_dir.name}.tmp-", dir=save_dir.parent))
+    try:
+        with static_mode(model.family, model.scope):
+            if model.family == "legacy":
+                _write_legacy(model, staging, model_name, params_name)
+            else:
+                assert params_name is not None
+                _write_pir(model, staging, model_name, params_name)
+        _swap_into_place(staging, save_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return ModelFiles(
+        save_dir / model_name, save_dir / params_name if params_name else None, model.family
+    )
+
+
+def _swap_into_place(staging: Path, target: Path) -> None:
+    """Rename ``staging`` to ``target``; unrelated files already in ``target`` are kept."""
+    if not target.exists():
+        os.replace(staging, target)
+        return
+    backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+    os.replace(target, backup / target.name)
+    os.replace(staging, target)
+    old = backup / target.name
+    for entry in old.iterdir():
+        if not (target / entry.name).exists():
+            os.replace(entry, target / entry.name)
+    shutil.rmtree(backup, ignore_errors=True)

@@ -1,0 +1,41 @@
+"""Entering Paddle's static-graph modes for one of the two IR families.
+
+Paddle 3 has two static IRs: PIR (the default) and the legacy ProgramDesc, which is still
+built and edited under ``paddle.pir_utils.OldIrGuard``. Every piece of qcore that touches a
+program goes through :func:`static_mode` so the caller's global mode is restored afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Literal
+
+import paddle
+
+Family = Literal["pir", "legacy"]
+FAMILIES: tuple[Family, ...] = ("pir", "legacy")
+
+
+@contextlib.contextmanager
+def static_mode(family: Family, scope: paddle.static.Scope | None = None) -> Iterator[None]:
+    """Run the body in static mode of ``family`` (and inside ``scope`` when given)."""
+    was_dynamic = paddle.in_dynamic_mode()
+    paddle.enable_static()
+    try:
+        with contextlib.ExitStack() as stack:
+            if family == "legacy":
+                stack.enter_context(paddle.pir_utils.OldIrGuard())
+            else:
+                stack.enter_context(paddle.pir_utils.IrGuard())
+            if scope is not None:
+                stack.enter_context(paddle.static.scope_guard(scope))
+            yield
+    finally:
+        if was_dynamic:
+            paddle.disable_static()
+
+
+def cpu_executor() -> paddle.static.Executor:
+    """An executor on the CPU, the place every test and benchmark here runs on."""
+    return paddle.static.Executor(paddle.CPUPlace())
