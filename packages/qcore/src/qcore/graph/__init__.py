@@ -1,0 +1,15 @@
+"""One graph interface over Paddle's two static IRs (PIR and legacy ProgramDesc)."""
+
+from .base import Graph, Operand, OpRef, QuantizedWeight, open_graph
+from .optable import OP_TABLE, OpSpec, backend_names
+
+__all__ = [
+    "OP_TABLE",
+    "Graph",
+    "OpRef",
+    "OpSpec",
+    "Operand",
+    "QuantizedWeight",
+    "backend_names",
+    "open_graph",
+]

@@ -1,0 +1,322 @@
+"""The graph interface method packages use, independent of the IR underneath.
+
+A :class:`Graph` wraps a loaded :class:`~qcore.model_io.Model`. Method code asks for ops by
+the seeds' op-type names, reads operands and parameters, and applies the few rewrites
+quantization needs. Rewrites only ever add parameters under new names, so the float
+parameters in the scope stay intact and a :meth:`Graph.clone` taken earlier keeps working.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import paddle
+
+from ..errors import GraphError
+from ..model_io import Model, ModelFiles, save_model
+from ..paddle_env import static_mode
+from ..quant import abs_max, qmax, quantize, scale_from_threshold
+from .optable import OP_TABLE, backend_names, spec
+
+
+@dataclass(frozen=True)
+class OpRef:
+    """One op of the graph: the backend object, its backend type and its seed type."""
+
+    raw: Any
+    type: str
+    seed_type: str | None
+    scope_name: str  # name scope / layer path, matched by skip patterns
+
+    def __repr__(self) -> str:
+        return f"<{self.seed_type or self.type} {self.scope_name}>"
+
+
+@dataclass(frozen=True)
+class Operand:
+    """An input of an op: which slot, the backend value, and a stable readable name."""
+
+    op: OpRef
+    slot: str
+    index: int
+    value: Any
+    name: str
+    is_param: bool
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """What :meth:`Graph.quantize_weight` stored: integer codes and thresholds per channel."""
+
+    codes: np.ndarray
+    thresholds: np.ndarray
+    axis: int | None
+    bits: int
+
+
+class Graph(ABC):
+    """One graph interface over PIR and legacy programs (see ``legacy.py`` and ``pir.py``)."""
+
+    family: str
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self._act_qdq: dict[str, Any] = {}
+        self._weight_dq: dict[str, Any] = {}
+        self._made: set[Any] = set()  # keys of values our rewrites produced
+
+    # ---- reading -------------------------------------------------------------------
+    @abstractmethod
+    def _raw_ops(self) -> list[Any]: ...
+
+    @abstractmethod
+    def _op_type(self, raw: Any) -> str: ...
+
+    @abstractmethod
+    def _scope_name(self, raw: Any) -> str: ...
+
+    @abstractmethod
+    def operands(self, op: OpRef) -> list[Operand]:
+        """Every float tensor input of ``op`` (parameters included)."""
+
+    @abstractmethod
+    def _operand_in_slot(self, op: OpRef, slot: str) -> Operand | None: ...
+
+    def _seed_type(self, raw: Any, backend_type: str) -> str | None:
+        for seed, entry in OP_TABLE.items():
+            if backend_type in (entry.legacy if self.family == "legacy" else entry.pir):
+                return seed
+        return None
+
+    def ops(
+        self, seed_types: Iterable[str] | None = None, skip_patterns: Sequence[str] = ()
+    ) -> list[OpRef]:
+        """Ops whose seed type is in ``seed_types`` (all ops when None), minus skipped ones.
+
+        An op is skipped when one of ``skip_patterns`` occurs in its name scope (legacy
+        ``op_namescope``, PIR ``struct_name``) or in the name of its weight parameter.
+        """
+        wanted = None if seed_types is None else list(seed_types)
+        names = None if wanted is None else {n for s in wanted for n in backend_names(s, self.family)}
+        found = []
+        for raw in self._raw_ops():
+            backend_type = self._op_type(raw)
+            if names is not None and backend_type not in names:
+                continue
+            op = OpRef(raw, backend_type, self._seed_type(raw, backend_type), self._scope_name(raw))
+            if wanted is not None and not self._matches(op, wanted):
+                continue
+            if skip_patterns and self._skipped(op, skip_patterns):
+                continue
+            found.append(op)
+        return found
+
+    def _matches(self, op: OpRef, wanted: list[str]) -> bool:
+        for seed in wanted:
+            entry = spec(seed)
+            if op.type not in backend_names(seed, self.family):
+                continue
+            if not entry.needs_weight or self.weight_operand(op) is not None:
+                return True
+        return False
+
+    def _skipped(self, op: OpRef, patterns: Sequence[str]) -> bool:
+        weight = self.weight_operand(op)
+        haystack = op.scope_name + " " + (weight.name if weight else "")
+        return any(p in haystack for p in patterns)
+
+    def weight_operand(self, op: OpRef) -> Operand | None:
+        """The parameter ``op`` multiplies by (conv filter, fc weight, table), if any."""
+        entry = OP_TABLE.get(op.seed_type or "")
+        if entry is None or entry.weight_slot is None:
+            return None
+        slot = entry.weight_slot[0 if self.family == "legacy" else 1]
+        operand = self._operand_in_slot(op, slot)
+        return operand if operand is not None and operand.is_param else None
+
+    def activation_operands(self, op: OpRef) -> list[Operand]:
+        """The non-parameter float inputs of ``op`` that no rewrite of ours produced."""
+        return [o for o in self.operands(op) if not o.is_param and self._key(o.value) not in self._made]
+
+    @abstractmethod
+    def _key(self, value: Any) -> Any:
+        """A hashable identity of a backend value."""
+
+    def weight_channel_axis(self, op: OpRef) -> int | None:
+        """Output-channel axis of ``op``'s weight (honours a transposed matmul weight)."""
+        entry = OP_TABLE.get(op.seed_type or "")
+        if entry is None or entry.weight_channel_axis is None:
+            return None
+        if entry.weight_slot == ("Y", "y") and self._weight_transposed(op):
+            return 0
+        return entry.weight_channel_axis
+
+    @abstractmethod
+    def _weight_transposed(self, op: OpRef) -> bool: ...
+
+    # ---- parameters -----------------------------------------------------------------
+    def get_param(self, name: str) -> np.ndarray:
+        """A copy of parameter ``name`` from the model's scope."""
+        var = self.model.scope.find_var(name)
+        if var is None:
+            raise GraphError(f"parameter {name!r} not found in the model; check the name")
+        return np.array(var.get_tensor())
+
+    def set_param(self, name: str, value: np.ndarray) -> None:
+        """Create or overwrite parameter ``name`` in the scope (does not touch the program)."""
+        self.model.scope.var(name).get_tensor().set(np.ascontiguousarray(value), paddle.CPUPlace())
+
+    def param_names(self) -> list[str]:
+        return sorted({o.name for op in self.ops() for o in self.operands(op) if o.is_param})
+
+    # ---- rewriting --------------------------------------------------------------------
+    def insert_act_qdq(self, operand: Operand, threshold: float, bits: int = 8) -> None:
+        """Make ``operand``'s op read a quantize->dequantize copy of the activation.
+
+        ``threshold`` is the clipping value (scale = threshold / (2**(bits-1)-1)). A tensor
+        read by several ops gets one QDQ pair that all of them share.
+        """
+        if not np.isfinite(threshold) or threshold <= 0:
+            raise GraphError(
+                f"activation {operand.name!r}: threshold must be a positive finite number, got "
+                f"{threshold}; the calibration data never reached this tensor or was all zeros"
+            )
+        qmax(bits)  # validates the bit width
+        with self._editing():
+            if operand.name not in self._act_qdq:
+                self._act_qdq[operand.name] = self._build_act_qdq(operand, float(threshold), bits)
+                self._made.add(self._key(self._act_qdq[operand.name]))
+            self._set_operand(operand, self._act_qdq[operand.name])
+
+    def quantize_weight(
+        self,
+        operand: Operand,
+        bits: int = 8,
+        axis: int | None = None,
+        thresholds: np.ndarray | float | None = None,
+    ) -> QuantizedWeight:
+        """Store ``operand``'s parameter as int8/int16 codes read through a dequantize step.
+
+        ``axis`` is the channel axis for per-channel scales (None: one scale). Thresholds
+        default to the abs max (per channel). A weight shared by several ops is quantized once.
+        """
+        if not operand.is_param:
+            raise GraphError(f"{operand.name!r} is not a parameter; only weights can be stored quantized")
+        weight = self.get_param(operand.name)
+        if thresholds is None:
+            thresholds = abs_max(weight, axis)
+        thr = np.atleast_1d(np.asarray(thresholds, dtype=np.float64))
+        codes = quantize(weight, scale_from_threshold(thr if axis is not None else thr[0], bits), bits, axis)
+        quantized = QuantizedWeight(codes, thr, axis, bits)
+        with self._editing():
+            if operand.name not in self._weight_dq:
+                self._weight_dq[operand.name] = self._build_weight_dq(operand, quantized)
+                self._made.add(self._key(self._weight_dq[operand.name]))
+            self._set_operand(operand, self._weight_dq[operand.name])
+        return quantized
+
+    def fold_conv_bn(self) -> int:
+        """Fold every inference batch_norm that directly follows a conv into the conv.
+
+        Returns how many were folded. The conv gets a new scaled filter and bias parameter.
+        """
+        folded = 0
+        with self._editing():
+            for bn in self.ops(["batch_norm"]):
+                match = self._conv_before_bn(bn)
+                if match is None:
+                    continue
+                conv, bias_operand = match
+                self._fold_one(conv, bias_operand, bn)
+                folded += 1
+        return folded
+
+    def _fold_one(self, conv: OpRef, bias: Operand | None, bn: OpRef) -> None:
+        gamma, beta, mean, var, eps = self._bn_params(bn)
+        factor = gamma / np.sqrt(var + eps)
+        weight = self.weight_operand(conv)
+        assert weight is not None
+        w = self.get_param(weight.name)
+        axis = self.weight_channel_axis(conv)
+        shape = [1] * w.ndim
+        shape[axis] = -1
+        folded_w = (w * factor.reshape(shape)).astype(w.dtype)
+        old_bias = self.get_param(bias.name).reshape(-1) if bias is not None else np.zeros_like(mean)
+        folded_b = ((old_bias - mean) * factor + beta).astype(np.float32)
+        new_w = self._new_param_name(weight.name + ".bn_folded")
+        self._add_param(new_w, folded_w, conv)
+        self._set_operand(weight, self._param_value(new_w))
+        self._replace_bn(conv, bias, bn, folded_b)
+
+    @abstractmethod
+    def _conv_before_bn(self, bn: OpRef) -> tuple[OpRef, Operand | None] | None:
+        """The conv feeding ``bn`` (and its bias operand when a bias add sits between)."""
+
+    @abstractmethod
+    def _bn_params(self, bn: OpRef) -> tuple[np.ndarray, ...]: ...
+
+    @abstractmethod
+    def _replace_bn(self, conv: OpRef, bias: Operand | None, bn: OpRef, folded_bias: np.ndarray) -> None: ...
+
+    @abstractmethod
+    def _build_act_qdq(self, operand: Operand, threshold: float, bits: int) -> Any: ...
+
+    @abstractmethod
+    def _build_weight_dq(self, operand: Operand, weight: QuantizedWeight) -> Any: ...
+
+    @abstractmethod
+    def _set_operand(self, operand: Operand, value: Any) -> None: ...
+
+    @abstractmethod
+    def _add_param(self, name: str, value: np.ndarray, before: OpRef) -> Any: ...
+
+    @abstractmethod
+    def _param_value(self, name: str) -> Any: ...
+
+    def _new_param_name(self, base: str) -> str:
+        name, k = base, 1
+        while self.model.scope.find_var(name) is not None:
+            k += 1
+            name = f"{base}_{k}"
+        return name
+
+    def _editing(self) -> Any:
+        return static_mode(self.model.family, self.model.scope)  # type: ignore[arg-type]
+
+    # ---- whole graph ----------------------------------------------------------------
+    @abstractmethod
+    def clone(self) -> Graph:
+        """An independent copy of the program sharing the (never overwritten) parameters."""
+
+    def save(
+        self,
+        save_dir: str | os.PathLike[str],
+        model_filename: str | None = None,
+        params_filename: str | None = None,
+    ) -> ModelFiles:
+        """Save atomically in the model's family (see :func:`qcore.model_io.save_model`)."""
+        return save_model(self.model, save_dir, model_filename, params_filename)
+
+    def run(self, feed: dict[str, np.ndarray], fetch: Sequence[Any] | None = None) -> list[np.ndarray]:
+        """Run in the executor; ``fetch`` takes operands' values or the model's outputs."""
+        return self.model.run(feed, list(fetch) if fetch is not None else None)
+
+    def op_types(self) -> list[str]:
+        """Backend op types in program order (handy for asserting on rewrites)."""
+        return [self._op_type(raw) for raw in self._raw_ops()]
+
+
+def open_graph(model: Model) -> Graph:
+    """The graph backend for ``model``'s family."""
+    if model.family == "legacy":
+        from .legacy import LegacyGraph
+
+        return LegacyGraph(model)
+    from .pir import PirGraph
+
+    return PirGraph(model)

@@ -1,0 +1,206 @@
+"""Graph backend for legacy ProgramDesc programs (``.pdmodel`` / ``__model__``).
+
+Quantized form: the format Paddle Inference's legacy oneDNN int8 passes consume, i.e.
+``quantize_linear -> dequantize_linear`` on activations and int8/int16-stored weights read
+through ``dequantize_linear`` with per-channel scales. The ``Scale`` input of both ops is the
+threshold (Paddle divides by ``qmax`` itself); zero points are int32 zeros.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from paddle.base import core
+
+from ..model_io import Model
+from ..quant import qmax
+from .base import Graph, OpRef, Operand, QuantizedWeight
+from .optable import CONV_TYPES
+
+_FLOATS = (core.VarDesc.VarType.FP32, core.VarDesc.VarType.FP64, core.VarDesc.VarType.FP16)
+_INT_DTYPES = {8: core.VarDesc.VarType.INT8, 16: core.VarDesc.VarType.INT16}
+
+
+class LegacyGraph(Graph):
+    family = "legacy"
+
+    def __init__(self, model: Model) -> None:
+        super().__init__(model)
+        self.block = model.program.global_block()
+
+    def _raw_ops(self) -> list[Any]:
+        return list(self.block.ops)
+
+    def _op_type(self, raw: Any) -> str:
+        return raw.type
+
+    def _scope_name(self, raw: Any) -> str:
+        return str(raw.attr("op_namescope")) if raw.has_attr("op_namescope") else ""
+
+    def _var_operand(self, op: OpRef, slot: str, index: int, name: str) -> Operand | None:
+        var = self.block._find_var_recursive(name)
+        if var is None or var.desc.type() != core.VarDesc.VarType.DENSE_TENSOR or var.dtype not in _FLOATS:
+            return None
+        return Operand(op, slot, index, name, name, bool(var.persistable))
+
+    def operands(self, op: OpRef) -> list[Operand]:
+        found = []
+        for slot in op.raw.input_names:
+            for i, name in enumerate(op.raw.input(slot)):
+                operand = self._var_operand(op, slot, i, name)
+                if operand is not None:
+                    found.append(operand)
+        return found
+
+    def _operand_in_slot(self, op: OpRef, slot: str) -> Operand | None:
+        if slot not in op.raw.input_names or not op.raw.input(slot):
+            return None
+        return self._var_operand(op, slot, 0, op.raw.input(slot)[0])
+
+    def _weight_transposed(self, op: OpRef) -> bool:
+        for attr in ("trans_y", "transpose_Y"):
+            if op.raw.has_attr(attr) and op.raw.attr(attr):
+                return True
+        return False
+
+    # ---- building blocks ------------------------------------------------------------
+    def _index(self, raw: Any) -> int:
+        for i, candidate in enumerate(self.block.ops):
+            if candidate is raw:
+                return i
+        raise AssertionError("op is not in the block")
+
+    def _add_param(self, name: str, value: np.ndarray, before: OpRef | None = None) -> str:
+        dtype = {np.dtype(np.int8): "int8", np.dtype(np.int16): "int16", np.dtype(np.int32): "int32"}.get(
+            value.dtype, "float32"
+        )
+        self.block.create_var(name=name, shape=list(value.shape), dtype=dtype, persistable=True)
+        self.set_param(name, value if dtype != "float32" else value.astype(np.float32))
+        return name
+
+    def _key(self, value: str) -> str:
+        return value
+
+    def _param_value(self, name: str) -> str:
+        return name
+
+    def _set_operand(self, operand: Operand, value: str) -> None:
+        operand.op.raw._rename_input(operand.value, value)
+
+    def _tmp_var(self, name: str, like: str) -> str:
+        src = self.block._find_var_recursive(like)
+        self.block.create_var(name=name, shape=src.shape, dtype=src.dtype)
+        return name
+
+    def _qdq_attrs(self, bits: int, axis: int) -> dict[str, Any]:
+        return {"quant_axis": axis, "bit_length": bits, "qmin": -qmax(bits) - 1, "qmax": qmax(bits)}
+
+    def _insert(self, index: int, op_type: str, x: str, scale: str, zero: str, out: str, attrs: dict) -> None:
+        self.block._insert_op(
+            index,
+            type=op_type,
+            inputs={"X": [x], "Scale": [scale], "ZeroPoint": [zero]},
+            outputs={"Y": [out]},
+            attrs=attrs,
+        )
+
+    # ---- rewrites -------------------------------------------------------------------
+    def _build_act_qdq(self, operand: Operand, threshold: float, bits: int) -> str:
+        name = operand.name
+        scale = self._add_param(self._new_param_name(f"{name}@scale"), np.array([threshold], np.float32))
+        zero = self._add_param(self._new_param_name(f"{name}@zero_point"), np.zeros([1], np.int32))
+        quantized = self._tmp_var(f"{name}.quantized", name)
+        dequantized = self._tmp_var(f"{name}.dequantized", name)
+        at = self._index(operand.op.raw)
+        attrs = self._qdq_attrs(bits, -1)
+        self._insert(at, "quantize_linear", name, scale, zero, quantized, attrs)
+        self._insert(at + 1, "dequantize_linear", quantized, scale, zero, dequantized, attrs)
+        return dequantized
+
+    def _build_weight_dq(self, operand: Operand, weight: QuantizedWeight) -> str:
+        name = operand.name
+        codes = self._add_param(self._new_param_name(f"{name}.quantized"), weight.codes)
+        thr = weight.thresholds.astype(np.float32)
+        scale = self._add_param(self._new_param_name(f"{name}@scale"), thr)
+        zero = self._add_param(self._new_param_name(f"{name}@zero_point"), np.zeros(thr.shape, np.int32))
+        dequantized = self._tmp_var(f"{name}.dequantized", name)
+        axis = -1 if weight.axis is None else weight.axis
+        self._insert(
+            self._index(operand.op.raw), "dequantize_linear", codes, scale, zero, dequantized,
+            self._qdq_attrs(weight.bits, axis),
+        )
+        return dequantized
+
+    def _single_consumer(self, var_name: str) -> Any | None:
+        users = [op for op in self.block.ops if var_name in op.input_arg_names]
+        return users[0] if len(users) == 1 else None
+
+    def _producer(self, var_name: str) -> Any | None:
+        for op in self.block.ops:
+            if var_name in op.output_arg_names:
+                return op
+        return None
+
+    def _bias_param(self, add: Any) -> Operand | None:
+        """The bias parameter ``add`` adds (directly or through a reshape2)."""
+        y = add.input("Y")[0]
+        holder, slot = add, "Y"
+        producer = self._producer(y)
+        if producer is not None and producer.type in ("reshape2", "reshape"):
+            holder, slot = producer, "X"
+        operand = self._operand_in_slot(OpRef(holder, holder.type, None, ""), slot)
+        return operand if operand is not None and operand.is_param else None
+
+    def _conv_before_bn(self, bn: OpRef) -> tuple[OpRef, Operand | None] | None:
+        if bn.raw.has_attr("is_test") and not bn.raw.attr("is_test"):
+            return None
+        producer = self._producer(bn.raw.input("X")[0])
+        bias = None
+        if producer is not None and producer.type == "elementwise_add":
+            conv_out = producer.input("X")[0]
+            bias = self._bias_param(producer)
+            if bias is None or self._single_consumer(conv_out) is not producer:
+                return None
+            producer = self._producer(conv_out)
+        if producer is None or producer.type not in CONV_TYPES:
+            return None
+        if self._single_consumer(producer.output("Output")[0]) is None:
+            return None
+        conv = OpRef(producer, producer.type, producer.type, self._scope_name(producer))
+        return (conv, bias) if self.weight_operand(conv) is not None else None
+
+    def _bn_params(self, bn: OpRef) -> tuple[np.ndarray, ...]:
+        get = lambda slot: self.get_param(bn.raw.input(slot)[0]).astype(np.float64)  # noqa: E731
+        return get("Scale"), get("Bias"), get("Mean"), get("Variance"), float(bn.raw.attr("epsilon"))
+
+    def _replace_bn(self, conv: OpRef, bias: Operand | None, bn: OpRef, folded_bias: np.ndarray) -> None:
+        bias_name = self._new_param_name((bias.name if bias else conv.raw.output_arg_names[0]) + ".bn_folded")
+        self._add_param(bias_name, folded_bias)
+        y = bn.raw.output("Y")[0]
+        at = self._index(bn.raw)
+        if bias is not None:
+            self._set_operand(bias, bias_name)
+            add = self._producer(bn.raw.input("X")[0])
+            add._rename_output(add.output("Out")[0], y)
+        else:
+            self.block._insert_op(
+                at,
+                type="elementwise_add",
+                inputs={"X": [bn.raw.input("X")[0]], "Y": [bias_name]},
+                outputs={"Out": [y]},
+                attrs={"axis": 1},
+            )
+            at += 1
+        self.block._remove_op(at)
+
+    def clone(self) -> LegacyGraph:
+        model = self.model
+        with self._editing():
+            program = model.program.clone()
+        copy = Model(
+            program, list(model.feed_names), [], model.scope, model.family, model.source,
+            model.executor,
+        )
+        copy.fetch_targets = [copy.program.global_block().var(v.name) for v in model.fetch_targets]
+        return LegacyGraph(copy)

@@ -1,0 +1,240 @@
+"""Graph backend for PIR programs (``.json`` models, Paddle 3's default IR).
+
+Quantized form. Measured on Paddle 3.3.1 (CPU): ``pd_op.dequantize_linear`` returns
+re-quantized values instead of dequantized ones in the executor, and a PIR model holding
+``quantize_linear``/``dequantize_linear`` fails in Paddle Inference ("Tensor holds no
+memory"). So the PIR form uses ops that run correctly in both:
+
+* activations: ``pd_op.fake_quantize_dequantize_moving_average_abs_max`` with ``is_test``
+  (its ``in_scale`` is the threshold; round-to-nearest-even, clip to [-qmax-1, qmax]);
+* weights: an int8/int16 parameter -> ``pd_op.cast`` to float32 -> ``pd_op.multiply`` by a
+  per-channel scale parameter shaped to broadcast. The file stores integer weights (1/4 of
+  float for int8); Paddle Inference dequantizes them at run time and computes in float, so
+  the PIR form saves size but does not run int8 kernels (the legacy form does).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import paddle
+
+from ..model_io import Model
+from .base import Graph, OpRef, Operand, QuantizedWeight
+from .optable import CONV_TYPES
+
+_PARAM_OP = "builtin.parameter"
+_FLOAT_DTYPES = (paddle.float32, paddle.float64, paddle.float16, paddle.bfloat16)
+
+
+def _defining_op(value: Any) -> Any | None:
+    try:
+        return value.get_defining_op()
+    except Exception:  # block arguments have no defining op
+        return None
+
+
+class PirGraph(Graph):
+    family = "pir"
+
+    def __init__(self, model: Model) -> None:
+        super().__init__(model)
+        self.block = model.program.global_block()
+        self._startup = paddle.static.Program()
+
+    def _raw_ops(self) -> list[Any]:
+        return list(self.block.ops)
+
+    def _op_type(self, raw: Any) -> str:
+        return raw.name()
+
+    def _scope_name(self, raw: Any) -> str:
+        return str(raw.attrs().get("struct_name", ""))
+
+    def _param_name(self, value: Any) -> str | None:
+        op = _defining_op(value)
+        return op.attrs()["parameter_name"] if op is not None and op.name() == _PARAM_OP else None
+
+    def _value_name(self, value: Any) -> str:
+        param = self._param_name(value)
+        if param is not None:
+            return param
+        op = _defining_op(value)
+        if op is None:
+            return f"arg{value.id}"
+        if op.name() == "pd_op.data":
+            return str(op.attrs()["name"])
+        index = next(i for i, r in enumerate(op.results()) if r.is_same(value))
+        position = next(i for i, o in enumerate(self.block.ops) if o.id() == op.id())
+        return f"{op.name().split('.')[-1]}_{position}.out{index}"
+
+    def _make_operand(self, op: OpRef, slot: str, index: int) -> Operand | None:
+        value = op.raw.operand_source(index)
+        if value is None or not value.initialized() or not value.is_dense_tensor_type():
+            return None
+        if value.dtype not in _FLOAT_DTYPES:
+            return None
+        param = self._param_name(value)
+        return Operand(op, slot, index, value, param or self._value_name(value), param is not None)
+
+    def operands(self, op: OpRef) -> list[Operand]:
+        names = op.raw.get_input_names()
+        found = []
+        for i in range(op.raw.num_operands()):
+            operand = self._make_operand(op, names[i] if i < len(names) else str(i), i)
+            if operand is not None:
+                found.append(operand)
+        return found
+
+    def _operand_in_slot(self, op: OpRef, slot: str) -> Operand | None:
+        names = op.raw.get_input_names()
+        return self._make_operand(op, slot, names.index(slot)) if slot in names else None
+
+    def _weight_transposed(self, op: OpRef) -> bool:
+        return bool(op.raw.attrs().get("transpose_y", False))
+
+    # ---- building blocks ------------------------------------------------------------
+    def _add_param(self, name: str, value: np.ndarray, before: OpRef | Any) -> Any:
+        raw = before.raw if isinstance(before, OpRef) else before
+        dtype = str(value.dtype) if value.dtype in (np.int8, np.int16) else "float32"
+        with paddle.static.program_guard(self.model.program, self._startup):
+            paddle.pir.set_insertion_point(raw)
+            param = paddle.static.create_parameter(
+                list(value.shape), dtype, name=name,
+                default_initializer=paddle.nn.initializer.Constant(0.0),
+            )
+        param.stop_gradient = True
+        self.set_param(name, value if dtype != "float32" else value.astype(np.float32))
+        return param
+
+    def _key(self, value: Any) -> str:
+        return str(value.id)
+
+    def _param_value(self, name: str) -> Any:
+        for op in self.block.ops:
+            if op.name() == _PARAM_OP and op.attrs()["parameter_name"] == name:
+                return op.result(0)
+        raise KeyError(name)
+
+    def _set_operand(self, operand: Operand, value: Any) -> None:
+        old = operand.op.raw.operand_source(operand.index)
+        operand.op.raw.operand(operand.index).set_source(value)
+        self._drop_if_unused(old)
+
+    def _drop_if_unused(self, value: Any) -> None:
+        """Remove a parameter op nobody reads any more, so save does not write it."""
+        op = _defining_op(value)
+        if op is not None and op.name() == _PARAM_OP and value.use_empty():
+            self.block.remove_op(op)
+
+    # ---- rewrites -------------------------------------------------------------------
+    def _build_act_qdq(self, operand: Operand, threshold: float, bits: int) -> Any:
+        base = self._new_param_name(f"{operand.name}@scale")
+        scale = self._add_param(base, np.array([threshold], np.float32), operand.op)
+        accum = self._add_param(self._new_param_name(f"{operand.name}@accum"), np.ones([1], np.float32), operand.op)
+        state = self._add_param(self._new_param_name(f"{operand.name}@state"), np.ones([1], np.float32), operand.op)
+        with paddle.static.program_guard(self.model.program, self._startup):
+            paddle.pir.set_insertion_point(operand.op.raw)
+            out = paddle._C_ops.fake_quantize_dequantize_moving_average_abs_max(
+                operand.value, scale, accum, state, 0.9, bits, True, 0
+            )[0]
+        return out
+
+    def _build_weight_dq(self, operand: Operand, weight: QuantizedWeight) -> Any:
+        from ..quant import scale_from_threshold
+
+        codes = self._add_param(self._new_param_name(f"{operand.name}.quantized"), weight.codes, operand.op)
+        scales = np.asarray(scale_from_threshold(weight.thresholds, weight.bits), np.float32)
+        shape = [1] * weight.codes.ndim
+        if weight.axis is not None:
+            shape[weight.axis] = -1
+        scale = self._add_param(
+            self._new_param_name(f"{operand.name}@scale"), scales.reshape(shape), operand.op
+        )
+        with paddle.static.program_guard(self.model.program, self._startup):
+            paddle.pir.set_insertion_point(operand.op.raw)
+            return paddle._C_ops.multiply(paddle._C_ops.cast(codes, paddle.float32), scale)
+
+    def _single_user(self, value: Any) -> Any | None:
+        users = value.all_used_ops()
+        return users[0] if len(users) == 1 else None
+
+    def _bias_of_add(self, add: Any, conv_out: Any) -> Operand | None:
+        """The bias parameter operand of ``add`` (directly or through a reshape)."""
+        other = next(i for i in range(2) if not add.operand_source(i).is_same(conv_out))
+        value = add.operand_source(other)
+        producer = _defining_op(value)
+        if producer is not None and producer.name() == "pd_op.reshape":
+            holder, index = producer, 0
+        else:
+            holder, index = add, other
+        ref = OpRef(holder, holder.name(), None, "")
+        operand = self._make_operand(ref, str(index), index)
+        return operand if operand is not None and operand.is_param else None
+
+    def _conv_before_bn(self, bn: OpRef) -> tuple[OpRef, Operand | None] | None:
+        if not bn.raw.attrs().get("is_test", True):
+            return None
+        x = bn.raw.operand_source(0)
+        producer = _defining_op(x)
+        bias = None
+        if producer is not None and producer.name() == "pd_op.add":
+            conv_out = next(
+                (producer.operand_source(i) for i in range(2)
+                 if (_defining_op(producer.operand_source(i)) or producer).name().split(".")[-1] in CONV_TYPES),
+                None,
+            )
+            if conv_out is None or self._single_user(x) is None:
+                return None
+            bias = self._bias_of_add(producer, conv_out)
+            if bias is None or self._single_user(conv_out) is None:
+                return None
+            producer = _defining_op(conv_out)
+        if producer is None or producer.name().split(".")[-1] not in CONV_TYPES:
+            return None
+        if self._single_user(producer.result(0)) is None:
+            return None
+        seed = producer.name().split(".")[-1]
+        conv = OpRef(producer, producer.name(), seed, self._scope_name(producer))
+        return (conv, bias) if self.weight_operand(conv) is not None else None
+
+    def _bn_params(self, bn: OpRef) -> tuple[np.ndarray, ...]:
+        names = bn.raw.get_input_names()
+        get = lambda slot: self.get_param(self._param_name(bn.raw.operand_source(names.index(slot))))  # noqa: E731
+        return (
+            get("scale").astype(np.float64), get("bias").astype(np.float64), get("mean").astype(np.float64),
+            get("variance").astype(np.float64), float(bn.raw.attrs()["epsilon"]),
+        )
+
+    def _replace_bn(self, conv: OpRef, bias: Operand | None, bn: OpRef, folded_bias: np.ndarray) -> None:
+        if bias is not None:
+            old_shape = self.get_param(bias.name).shape
+            new = self._new_param_name(bias.name + ".bn_folded")
+            self._set_operand(bias, self._add_param(new, folded_bias.reshape(old_shape), bias.op))
+            out = bn.raw.operand_source(0)
+        else:
+            channels = folded_bias.size
+            new = self._new_param_name(self._value_name(conv.raw.result(0)) + ".bn_folded_bias")
+            param = self._add_param(new, folded_bias.reshape([1, channels, 1, 1]), bn)
+            with paddle.static.program_guard(self.model.program, self._startup):
+                paddle.pir.set_insertion_point(bn.raw)
+                out = paddle._C_ops.add(bn.raw.operand_source(0), param)
+        bn.raw.result(0).replace_all_uses_with(out)
+        inputs = [bn.raw.operand_source(i) for i in range(1, bn.raw.num_operands())]
+        self.block.remove_op(bn.raw)
+        for value in inputs:
+            self._drop_if_unused(value)
+
+    def clone(self) -> PirGraph:
+        model = self.model
+        with self._editing():
+            program = model.program.clone()
+        positions = {}
+        for i, op in enumerate(self.block.ops):
+            for k, r in enumerate(op.results()):
+                positions[r.id] = (i, k)
+        ops = program.global_block().ops
+        fetch = [ops[positions[v.id][0]].result(positions[v.id][1]) for v in model.fetch_targets]
+        copy = Model(program, list(model.feed_names), fetch, model.scope, model.family, model.source, model.executor)
+        return PirGraph(copy)
