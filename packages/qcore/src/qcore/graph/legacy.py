@@ -15,7 +15,7 @@ from paddle.base import core
 
 from ..model_io import Model
 from ..quant import qmax
-from .base import Graph, OpRef, Operand, QuantizedWeight
+from .base import Graph, Operand, OpRef, QuantizedWeight
 from .optable import CONV_TYPES
 
 _FLOATS = (core.VarDesc.VarType.FP32, core.VarDesc.VarType.FP64, core.VarDesc.VarType.FP16)

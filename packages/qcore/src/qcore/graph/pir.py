@@ -21,7 +21,7 @@ import numpy as np
 import paddle
 
 from ..model_io import Model
-from .base import Graph, OpRef, Operand, QuantizedWeight
+from .base import Graph, Operand, OpRef, QuantizedWeight
 from .optable import CONV_TYPES
 
 _PARAM_OP = "builtin.parameter"
@@ -130,10 +130,10 @@ class PirGraph(Graph):
 
     # ---- rewrites -------------------------------------------------------------------
     def _build_act_qdq(self, operand: Operand, threshold: float, bits: int) -> Any:
-        base = self._new_param_name(f"{operand.name}@scale")
-        scale = self._add_param(base, np.array([threshold], np.float32), operand.op)
-        accum = self._add_param(self._new_param_name(f"{operand.name}@accum"), np.ones([1], np.float32), operand.op)
-        state = self._add_param(self._new_param_name(f"{operand.name}@state"), np.ones([1], np.float32), operand.op)
+        scale, accum, state = (
+            self._add_param(self._new_param_name(f"{operand.name}@{kind}"), np.array([v], np.float32), operand.op)
+            for kind, v in (("scale", threshold), ("accum", 1.0), ("state", 1.0))
+        )
         with paddle.static.program_guard(self.model.program, self._startup):
             paddle.pir.set_insertion_point(operand.op.raw)
             out = paddle._C_ops.fake_quantize_dequantize_moving_average_abs_max(
@@ -173,6 +173,11 @@ class PirGraph(Graph):
         operand = self._make_operand(ref, str(index), index)
         return operand if operand is not None and operand.is_param else None
 
+    @staticmethod
+    def _is_conv_output(value: Any) -> bool:
+        op = _defining_op(value)
+        return op is not None and op.name().split(".")[-1] in CONV_TYPES
+
     def _conv_before_bn(self, bn: OpRef) -> tuple[OpRef, Operand | None] | None:
         if not bn.raw.attrs().get("is_test", True):
             return None
@@ -180,11 +185,7 @@ class PirGraph(Graph):
         producer = _defining_op(x)
         bias = None
         if producer is not None and producer.name() == "pd_op.add":
-            conv_out = next(
-                (producer.operand_source(i) for i in range(2)
-                 if (_defining_op(producer.operand_source(i)) or producer).name().split(".")[-1] in CONV_TYPES),
-                None,
-            )
+            conv_out = next((v for v in producer.operands_source() if self._is_conv_output(v)), None)
             if conv_out is None or self._single_user(x) is None:
                 return None
             bias = self._bias_of_add(producer, conv_out)

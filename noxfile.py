@@ -1,0 +1,76 @@
+"""Cross-package sessions. ``nox`` alone runs what CI runs: every package's tests in a venv
+holding only that package and what it declares (proof that each installs on its own), then
+lint and the strict docs build. ``nox -s demo`` quantizes the bundled demo model."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "uv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["qcore", "qptq", "qqat", "qembed", "qcli", "lint", "docs"]
+
+PACKAGES = ("qcore", "qptq", "qqat", "qembed", "qcli")
+# Method packages depend on qcore only; qcli's tests exercise whichever method packages
+# are installed, so its session installs them all.
+LOCAL_DEPS = {
+    "qcore": (),
+    "qptq": ("qcore",),
+    "qqat": ("qcore",),
+    "qembed": ("qcore",),
+    "qcli": ("qcore", "qptq", "qqat", "qembed"),
+}
+PYTEST = ("pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning")
+
+
+def _install_local(session: nox.Session, *names: str) -> None:
+    args = [f"packages/{n}" for n in names]
+    session.install("pytest", *args)
+
+
+def _package_session(name: str) -> None:
+    @nox.session(name=name)
+    def run(session: nox.Session) -> None:
+        _install_local(session, *LOCAL_DEPS[name], name)
+        session.run(*PYTEST, f"packages/{name}/tests", *session.posargs)
+
+    run.__doc__ = f"Tests of {name} with only {name} and its declared dependencies installed."
+
+
+for _name in PACKAGES:
+    _package_session(_name)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Every package's tests in one venv (quicker locally than the per-package sessions)."""
+    _install_local(session, *PACKAGES)
+    session.run(*PYTEST, *(f"packages/{n}/tests" for n in PACKAGES), *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over every package, the benchmarks and the demo scripts."""
+    session.install("ruff")
+    session.run("ruff", "check", "packages", "benchmarks", "demo", "noxfile.py")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site strictly (warnings are errors)."""
+    session.install("mkdocs-material", "mkdocstrings[python]", *(f"packages/{n}" for n in PACKAGES))
+    session.run("mkdocs", "build", "--strict", "--site-dir", "site")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """Quantize the bundled Fashion-MNIST demo model and print a before/after table."""
+    _install_local(session, *PACKAGES)
+    session.run("qcli", "demo", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Re-run the benchmarks and rewrite their markdown tables under benchmarks/."""
+    _install_local(session, *PACKAGES)
+    session.run("python", "benchmarks/run_all.py", *session.posargs)
