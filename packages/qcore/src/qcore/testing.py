@@ -1,0 +1,69 @@
+"""Small models in every on-disk format, for the tests of every q* package.
+
+Tests build their models here instead of downloading any: a conv + batch_norm + relu +
+fc network (and optionally an embedding lookup), saved by ``paddle.jit.save`` as PIR and as
+a legacy ProgramDesc in each of Paddle's legacy file layouts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import paddle
+
+from .model_io import load_model, save_model
+
+FORMATS = ("pir", "legacy_pdmodel", "legacy_combined", "legacy_separate")
+INPUT_SHAPE = (1, 8, 8)
+
+
+class TinyConvNet(paddle.nn.Layer):
+    """conv2d(+bias) -> batch_norm -> relu -> depthwise conv -> relu -> fc."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = paddle.nn.Conv2D(1, 8, 3, padding=1)
+        self.bn = paddle.nn.BatchNorm2D(8)
+        self.dw = paddle.nn.Conv2D(8, 8, 3, padding=1, groups=8, bias_attr=False)
+        self.fc = paddle.nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        y = paddle.nn.functional.relu(self.bn(self.conv(x)))
+        y = paddle.nn.functional.relu(self.dw(y))
+        return self.fc(paddle.flatten(y, 1))
+
+
+def make_tiny_net(seed: int = 0) -> TinyConvNet:
+    """A TinyConvNet with non-trivial batch-norm statistics, in eval mode."""
+    paddle.seed(seed)
+    net = TinyConvNet()
+    rng = np.random.default_rng(seed)
+    net.bn.weight.set_value(rng.uniform(0.5, 1.5, 8).astype("float32"))
+    net.bn.bias.set_value(rng.normal(0, 0.1, 8).astype("float32"))
+    net.bn._mean.set_value(rng.normal(0, 0.2, 8).astype("float32"))
+    net.bn._variance.set_value(rng.uniform(0.5, 2.0, 8).astype("float32"))
+    net.eval()
+    return net
+
+
+def sample_input(n: int = 4, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, *INPUT_SHAPE)).astype("float32")
+
+
+def save_tiny_net(net: paddle.nn.Layer, directory: Path, fmt: str) -> dict[str, str | None]:
+    """Save ``net`` in format ``fmt`` under ``directory``; returns load kwargs for it."""
+    directory = Path(directory)
+    spec = [paddle.static.InputSpec([None, *INPUT_SHAPE], "float32", "x")]
+    if fmt == "pir":
+        paddle.jit.save(net, str(directory / "inference"), input_spec=spec)
+        return {"model_filename": None, "params_filename": None}
+    staging = directory.parent / (directory.name + "_pdmodel")
+    with paddle.pir_utils.OldIrGuard():
+        paddle.jit.save(net, str(staging / "inference"), input_spec=spec)
+    if fmt == "legacy_pdmodel":
+        staging.rename(directory)
+        return {"model_filename": None, "params_filename": None}
+    names = {"legacy_combined": ("__model__", "__params__"), "legacy_separate": ("__model__", None)}[fmt]
+    save_model(load_model(staging), directory, *names)
+    return {"model_filename": names[0], "params_filename": names[1]}

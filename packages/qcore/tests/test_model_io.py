@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from qcore.errors import ModelFormatError
+from qcore.inference import predict
+from qcore.model_io import find_model_files, load_model, save_model
+
+
+def test_every_format_loads_and_matches_float(tiny_model, tiny_input, tiny_reference):
+    directory, kwargs, fmt = tiny_model
+    model = load_model(directory, **kwargs)
+    assert model.family == ("pir" if fmt == "pir" else "legacy")
+    assert model.feed_names == ["x"]
+    np.testing.assert_allclose(model.run({"x": tiny_input})[0], tiny_reference, atol=1e-5)
+
+
+def test_legacy_translates_to_pir_on_request(tiny_model, tiny_input, tiny_reference):
+    directory, kwargs, fmt = tiny_model
+    model = load_model(directory, **kwargs, family="pir")
+    assert model.family == "pir"
+    assert "pd_op.conv2d" in [op.name() for op in model.program.global_block().ops]
+    np.testing.assert_allclose(model.run({"x": tiny_input})[0], tiny_reference, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "names", [(None, None), ("__model__", "__params__"), ("__model__", None), ("net.pdmodel", "net.pdiparams")]
+)
+def test_legacy_save_round_trip_in_each_layout(tiny_model, tiny_input, tiny_reference, tmp_path, names):
+    directory, kwargs, fmt = tiny_model
+    if fmt != "legacy_pdmodel":
+        pytest.skip("one legacy source is enough for the save layouts")
+    files = save_model(load_model(directory, **kwargs), tmp_path / "out", *names)
+    assert files.model_file.is_file()
+    if names[1] is None and names[0] is not None:
+        assert files.params_file is None
+        assert (tmp_path / "out" / "conv2d_0.w_0").is_file()  # one file per parameter
+    again = load_model(tmp_path / "out", *names)
+    np.testing.assert_allclose(again.run({"x": tiny_input})[0], tiny_reference, atol=1e-5)
+    out = predict(files if files.params_file else find_model_files(tmp_path / "out", *names), {"x": tiny_input})
+    np.testing.assert_allclose(out[0], tiny_reference, atol=1e-4)
+
+
+def test_pir_save_round_trip_and_inference(tiny_model, tiny_input, tiny_reference, tmp_path):
+    directory, kwargs, fmt = tiny_model
+    if fmt != "pir":
+        pytest.skip("PIR source only")
+    files = save_model(load_model(directory), tmp_path / "out")
+    assert files.model_file.name == "inference.json"
+    np.testing.assert_allclose(predict(files, {"x": tiny_input})[0], tiny_reference, atol=1e-4)
+
+
+def test_save_never_touches_input_and_replaces_old_output(tiny_model, tmp_path):
+    directory, kwargs, fmt = tiny_model
+    before = {p: os.path.getmtime(directory / p) for p in os.listdir(directory)}
+    model = load_model(directory, **kwargs)
+    with pytest.raises(ModelFormatError, match="input model's directory"):
+        save_model(model, directory)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    save_model(model, out)
+    save_model(model, out)
+    assert (out / "notes.txt").read_text() == "keep me"
+    assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p or ".old-" in p]
+    assert {p: os.path.getmtime(directory / p) for p in os.listdir(directory)} == before
+
+
+def test_failed_save_leaves_old_model_intact(tiny_model, tmp_path, monkeypatch):
+    directory, kwargs, fmt = tiny_model
+    model = load_model(directory, **kwargs)
+    out = tmp_path / "out"
+    files = save_model(model, out)
+    old = files.model_file.read_bytes()
+    import qcore.model_io as io
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(io, "_write_legacy", boom)
+    monkeypatch.setattr(io, "_write_pir", boom)
+    with pytest.raises(OSError, match="disk full"):
+        save_model(model, out)
+    assert files.model_file.read_bytes() == old
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_pir_output_name_must_end_in_json(tiny_model, tmp_path):
+    directory, kwargs, fmt = tiny_model
+    if fmt != "pir":
+        pytest.skip("PIR source only")
+    with pytest.raises(ModelFormatError, match=r"must end in \.json"):
+        save_model(load_model(directory), tmp_path / "o", "__model__", "__params__")
+
+
+def test_bad_paths_give_one_line_errors(tmp_path):
+    with pytest.raises(ModelFormatError, match="model not found"):
+        load_model(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelFormatError, match="no model in"):
+        load_model(tmp_path / "empty")
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "m.pdmodel").write_bytes(b"not a program")
+    with pytest.raises(ModelFormatError, match="could not load"):
+        load_model(tmp_path / "junk")
+    (tmp_path / "two").mkdir()
+    for n in ("a.json", "b.json"):
+        (tmp_path / "two" / n).write_text("{}")
+    with pytest.raises(ModelFormatError, match="several"):
+        load_model(tmp_path / "two")
