@@ -1,0 +1,387 @@
+"""Mergeable calibration statistics.
+
+Every observer sees batches through :meth:`Observer.update`, combines with another observer of
+the same kind and settings through :meth:`Observer.merge` (e.g. statistics gathered by several
+workers), and round-trips through :meth:`Observer.state` / :meth:`Observer.from_state`, a flat
+dict of numpy arrays and python scalars (``json.dumps(state, default=np.ndarray.tolist)`` works).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from .errors import ConfigError, DataError, did_you_mean
+from .quant import abs_max, as_finite
+
+Conv = Callable[[Any], Any]  # converts a statistic to its state() value and back
+
+
+def _floats(v: Any) -> NDArray[np.float64]:
+    return np.array(v, dtype=np.float64)
+
+
+def _ints(v: Any) -> NDArray[np.int64]:
+    return np.array(v, dtype=np.int64)
+
+
+class Observer(ABC):
+    """Base class: settings in ``_config_keys`` (constructor arguments), statistics in ``_stat_keys``."""
+
+    kind: ClassVar[str]
+    _config_keys: ClassVar[tuple[str, ...]] = ()
+    _stat_keys: ClassVar[dict[str, Conv]] = {"count": int}
+    _registry: ClassVar[dict[str, type[Observer]]] = {}
+
+    count: int
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        Observer._registry[cls.kind] = cls
+
+    @abstractmethod
+    def update(self, array: ArrayLike) -> None:
+        """Add one batch."""
+
+    @abstractmethod
+    def _merge(self, other: Any) -> None:
+        """Combine ``other`` (same type and settings, both non-empty) into ``self``."""
+
+    @abstractmethod
+    def threshold(self) -> float | NDArray[np.float64]:
+        """The clipping threshold the statistics imply."""
+
+    def merge(self, other: Observer) -> Observer:
+        """Combine ``other`` into ``self`` and return ``self``; ``other`` is not changed."""
+        if type(other) is not type(self) or other._config() != self._config():
+            raise ConfigError(
+                f"cannot merge {type(other).__name__}{other._config()} into {type(self).__name__}{self._config()}; "
+                "merge observers of the same kind and settings"
+            )
+        if self.count == 0:
+            self._load(other.state())
+        elif other.count:
+            self._merge(other)
+        return self
+
+    def _config(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self._config_keys}
+
+    def state(self) -> dict[str, Any]:
+        """Settings and statistics as a flat dict of numpy arrays and python scalars."""
+        stats = {k: conv(getattr(self, k)) for k, conv in self._stat_keys.items()}
+        return {"kind": self.kind, **self._config(), **stats}
+
+    def _load(self, state: dict[str, Any]) -> None:
+        for k, conv in self._stat_keys.items():
+            setattr(self, k, conv(state[k]))
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Observer:
+        """Rebuild an observer from :meth:`state` (on the base class, the ``kind`` key picks the subclass)."""
+        kind = state.get("kind")
+        sub = Observer._registry.get(str(kind))
+        if sub is None or not issubclass(sub, cls):
+            raise DataError(
+                f"state kind {kind!r} is not a {cls.__name__} state{did_you_mean(str(kind), Observer._registry)}; "
+                f"pass a dict made by {cls.__name__}.state()"
+            )
+        missing = [k for k in (*sub._config_keys, *sub._stat_keys) if k not in state]
+        if missing:
+            raise DataError(f"{sub.__name__} state is missing {missing}; pass a dict made by {sub.__name__}.state()")
+        obs = sub(**{k: state[k] for k in sub._config_keys})
+        obs._load(state)
+        return obs
+
+    def _require_data(self) -> None:
+        if self.count == 0:
+            raise DataError(f"{type(self).__name__} has seen no data; call update() before threshold()")
+
+
+class AbsMaxObserver(Observer):
+    """Running max of ``|x|``; threshold = that max."""
+
+    kind = "abs_max"
+    _stat_keys: ClassVar[dict[str, Conv]] = {"abs_max": float, "count": int}
+
+    def __init__(self) -> None:
+        self.abs_max = 0.0
+        self.count = 0
+
+    def update(self, array: ArrayLike) -> None:
+        a = as_finite(array)
+        self.abs_max = max(self.abs_max, float(np.abs(a).max()))
+        self.count += a.size
+
+    def _merge(self, other: AbsMaxObserver) -> None:
+        self.abs_max = max(self.abs_max, other.abs_max)
+        self.count += other.count
+
+    def threshold(self) -> float:
+        self._require_data()
+        return self.abs_max
+
+
+class ChannelWiseAbsMaxObserver(Observer):
+    """Running max of ``|x|`` per channel along ``axis``; threshold is a 1-D array."""
+
+    kind = "channel_wise_abs_max"
+    _config_keys = ("axis",)
+    _stat_keys: ClassVar[dict[str, Conv]] = {"abs_max": _floats, "count": int}
+
+    def __init__(self, axis: int = 0) -> None:
+        self.axis = int(axis)
+        self.abs_max = np.zeros(0)
+        self.count = 0
+
+    def _combine(self, m: NDArray[np.float64]) -> None:
+        if self.count and m.shape != self.abs_max.shape:
+            raise DataError(
+                f"batch has {m.size} channels on axis {self.axis} but earlier batches had {self.abs_max.size}; "
+                "keep the channel count fixed"
+            )
+        self.abs_max = np.maximum(self.abs_max, m) if self.count else m
+
+    def update(self, array: ArrayLike) -> None:
+        a = as_finite(array)
+        self._combine(np.asarray(abs_max(a, self.axis)))
+        self.count += a.size
+
+    def _merge(self, other: ChannelWiseAbsMaxObserver) -> None:
+        self._combine(other.abs_max)
+        self.count += other.count
+
+    def threshold(self) -> NDArray[np.float64]:
+        self._require_data()
+        return self.abs_max.copy()
+
+
+class MinMaxObserver(Observer):
+    """Running min and max of ``x``; threshold = ``max(|min|, |max|)``."""
+
+    kind = "min_max"
+    _stat_keys: ClassVar[dict[str, Conv]] = {"min": float, "max": float, "count": int}
+
+    def __init__(self) -> None:
+        self.min = 0.0
+        self.max = 0.0
+        self.count = 0
+
+    def _combine(self, lo: float, hi: float) -> None:
+        self.min, self.max = (min(self.min, lo), max(self.max, hi)) if self.count else (lo, hi)
+
+    def update(self, array: ArrayLike) -> None:
+        a = as_finite(array)
+        self._combine(float(a.min()), float(a.max()))
+        self.count += a.size
+
+    def _merge(self, other: MinMaxObserver) -> None:
+        self._combine(other.min, other.max)
+        self.count += other.count
+
+    def threshold(self) -> float:
+        self._require_data()
+        return max(abs(self.min), abs(self.max))
+
+
+class MovingAverageAbsMaxObserver(Observer):
+    """Paddle's moving-average abs max: per batch ``accum = rate*accum + absmax``, ``weight = rate*weight + 1``.
+
+    ``weight`` is Paddle's ``state``; threshold = ``accum / weight`` (both start at 0, so after the
+    first batch the threshold is that batch's abs max). Merging two streams treats them as running
+    side by side: their decayed sums add (``accum = a.accum + b.accum``, ``weight = a.weight + b.weight``),
+    so the merged threshold is the weight-averaged threshold of the two.
+    """
+
+    kind = "moving_average_abs_max"
+    _config_keys = ("moving_rate",)
+    _stat_keys: ClassVar[dict[str, Conv]] = {"accum": float, "weight": float, "count": int}
+
+    def __init__(self, moving_rate: float = 0.9) -> None:
+        if not 0.0 < moving_rate <= 1.0:
+            raise ConfigError(f"moving_rate={moving_rate!r} is out of range; use a value in (0, 1], e.g. 0.9")
+        self.moving_rate = float(moving_rate)
+        self.accum = 0.0
+        self.weight = 0.0
+        self.count = 0
+
+    def update(self, array: ArrayLike) -> None:
+        a = as_finite(array)
+        self.accum = self.moving_rate * self.accum + float(np.abs(a).max())
+        self.weight = self.moving_rate * self.weight + 1.0
+        self.count += a.size
+
+    def _merge(self, other: MovingAverageAbsMaxObserver) -> None:
+        self.accum += other.accum
+        self.weight += other.weight
+        self.count += other.count
+
+    def threshold(self) -> float:
+        self._require_data()
+        return self.accum / self.weight
+
+
+class RangeAbsMaxObserver(Observer):
+    """Max of the per-batch abs max over the last ``window_size`` batches.
+
+    Merging aligns the two windows at their newest batch and keeps the element-wise max (streams
+    running side by side), so the merged threshold is the max of the two thresholds.
+    """
+
+    kind = "range_abs_max"
+    _config_keys = ("window_size",)
+    _stat_keys: ClassVar[dict[str, Conv]] = {"window": _floats, "count": int}
+
+    def __init__(self, window_size: int = 10000) -> None:
+        if isinstance(window_size, bool) or not isinstance(window_size, (int, np.integer)) or window_size < 1:
+            raise ConfigError(f"window_size={window_size!r} is invalid; use a positive integer, e.g. 10000")
+        self.window_size = int(window_size)
+        self.window = np.zeros(0)
+        self.count = 0
+
+    def update(self, array: ArrayLike) -> None:
+        a = as_finite(array)
+        self.window = np.append(self.window, np.abs(a).max())[-self.window_size :]
+        self.count += a.size
+
+    def _merge(self, other: RangeAbsMaxObserver) -> None:
+        n = max(self.window.size, other.window.size)
+        self.window = np.maximum(
+            np.pad(self.window, (n - self.window.size, 0)),
+            np.pad(other.window, (n - other.window.size, 0)),
+        )
+        self.count += other.count
+
+    def threshold(self) -> float:
+        self._require_data()
+        return float(self.window.max())
+
+
+class HistogramObserver(Observer):
+    """One-pass histogram of ``|x|`` over ``[0, upper]`` in ``bins`` equal bins, plus batch abs-max stats.
+
+    The first batch sets ``upper`` to its abs max. A later batch beyond ``upper`` doubles the range
+    until it covers the batch, and existing counts are re-binned by summing adjacent bins (bin ``i``
+    goes to ``i // 2**k``), so no data is seen twice. The last bin is closed (holds ``upper``).
+    It also keeps the exact ``max_abs`` and the sum of per-batch abs maxes (``avg_abs_max``), so
+    one calibration pass can score every algorithm of :mod:`qcore.thresholds`.
+    """
+
+    kind = "hist"
+    _config_keys = ("bins",)
+    _stat_keys: ClassVar[dict[str, Conv]] = {
+        "counts": _ints,
+        "upper": float,
+        "max_abs": float,
+        "batch_abs_max_sum": float,
+        "batches": int,
+        "count": int,
+    }
+
+    def __init__(self, bins: int = 2048) -> None:
+        if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
+            raise ConfigError(f"bins={bins!r} is invalid; use a positive integer, e.g. 2048")
+        self.bins = int(bins)
+        self.counts = np.zeros(self.bins, dtype=np.int64)
+        self.upper = 0.0
+        self.max_abs = 0.0
+        self.batch_abs_max_sum = 0.0
+        self.batches = 0
+        self.count = 0
+
+    @property
+    def bin_width(self) -> float:
+        return self.upper / self.bins
+
+    @property
+    def avg_abs_max(self) -> float:
+        """Mean of the per-batch abs max (the statistic of the ``avg`` algorithm)."""
+        self._require_data()
+        return self.batch_abs_max_sum / self.batches
+
+    def _load(self, state: dict[str, Any]) -> None:
+        super()._load(state)
+        if self.counts.shape != (self.bins,):
+            raise DataError(f"state has {self.counts.size} counts for bins={self.bins}; pass an unmodified state")
+
+    def _index(self, values: NDArray[np.float64], upper: float) -> NDArray[np.int64]:
+        if upper == 0.0:
+            return np.zeros(values.shape, dtype=np.int64)
+        return np.minimum(np.floor(values * (self.bins / upper)), self.bins - 1).astype(np.int64)
+
+    def _rebin(self, counts: NDArray[np.int64], upper_from: float) -> NDArray[np.int64]:
+        """Move ``counts`` binned over ``[0, upper_from]`` onto this grid by bin centre (exact for 2**k ratios)."""
+        ratio = upper_from / self.upper if self.upper > 0 else 0.0
+        idx = np.minimum(np.floor((np.arange(self.bins) + 0.5) * ratio), self.bins - 1).astype(np.int64)
+        return np.bincount(idx, weights=counts, minlength=self.bins).astype(np.int64)
+
+    def _grow(self, new_max: float) -> None:
+        if self.upper == 0.0:  # everything seen so far is 0 and sits in bin 0 whatever the range
+            self.upper = new_max
+            return
+        k = max(0, math.ceil(math.log2(new_max / self.upper)))
+        while self.upper * 2.0**k < new_max:
+            k += 1
+        old = self.upper
+        self.upper = old * 2.0**k
+        self.counts = self._rebin(self.counts, old)
+
+    def update(self, array: ArrayLike) -> None:
+        a = np.abs(as_finite(array)).ravel()
+        m = float(a.max())
+        if m > self.upper:
+            self._grow(m)
+        self.counts += np.bincount(self._index(a, self.upper), minlength=self.bins)
+        self.max_abs = max(self.max_abs, m)
+        self.batch_abs_max_sum += m
+        self.batches += 1
+        self.count += a.size
+
+    def _merge(self, other: HistogramObserver) -> None:
+        """Grow this range by powers of two until it covers ``other``'s, then add ``other``'s counts.
+
+        ``other``'s bins move by their centre: exact when the ranges differ by a power of two,
+        otherwise a value may land one bin away from where direct binning would put it.
+        """
+        if other.upper > self.upper:
+            self._grow(other.upper)
+        self.counts = self.counts + self._rebin(other.counts, other.upper)
+        self.max_abs = max(self.max_abs, other.max_abs)
+        self.batch_abs_max_sum += other.batch_abs_max_sum
+        self.batches += other.batches
+        self.count += other.count
+
+    def threshold(self, algo: str = "kl", bits: int = 8, **opts: Any) -> float:
+        """Threshold chosen by ``algo`` (see :func:`qcore.thresholds.search_threshold`)."""
+        from .thresholds import search_threshold  # thresholds imports this module
+
+        self._require_data()
+        return search_threshold(algo, self, bits, **opts)
+
+
+OBSERVERS: dict[str, type[Observer]] = {
+    "abs_max": AbsMaxObserver,
+    "channel_wise_abs_max": ChannelWiseAbsMaxObserver,
+    "min_max": MinMaxObserver,
+    "moving_average_abs_max": MovingAverageAbsMaxObserver,
+    "range_abs_max": RangeAbsMaxObserver,
+    "hist": HistogramObserver,
+}
+
+
+def make_observer(name: str, **kwargs: Any) -> Observer:
+    """Build an observer by name (one of :data:`OBSERVERS`, case-insensitive) with its settings."""
+    cls = OBSERVERS.get(str(name).lower())
+    if cls is None:
+        raise ConfigError(
+            f"unknown observer {name!r}{did_you_mean(str(name).lower(), OBSERVERS)}; use one of {sorted(OBSERVERS)}"
+        )
+    extra = sorted(set(kwargs) - set(cls._config_keys))
+    if extra:
+        raise ConfigError(f"observer {name!r} has no option {extra}; its options are {list(cls._config_keys)}")
+    return cls(**kwargs)
