@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 import pytest
+
 from qcore.testing import FORMATS, make_tiny_net, sample_input, save_tiny_net
 
 

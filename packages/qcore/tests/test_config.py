@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+
 from qcore.config import (
     DYGRAPH_CONFIG_DEFAULT,
     DYGRAPH_CONFIG_KEYS,

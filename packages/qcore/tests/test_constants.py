@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from qcore import constants as c
 
 # Written out from the seeds (section "量化训练方法的参数配置").

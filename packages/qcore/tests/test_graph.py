@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from qcore.errors import GraphError
 from qcore.graph import backend_names, open_graph
 from qcore.inference import predict

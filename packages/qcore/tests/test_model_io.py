@@ -4,6 +4,7 @@ import os
 
 import numpy as np
 import pytest
+
 from qcore.errors import ModelFormatError
 from qcore.inference import predict
 from qcore.model_io import find_model_files, load_model, save_model

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+
 from qcore.errors import ConfigError, DataError
 from qcore.observers import (
     OBSERVERS,

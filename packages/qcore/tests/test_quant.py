@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
+
 from qcore.errors import ConfigError, DataError
 from qcore.quant import (
     abs_max,

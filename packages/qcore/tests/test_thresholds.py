@@ -7,6 +7,8 @@ import time
 
 import numpy as np
 import pytest
+from scipy.stats import wasserstein_distance
+
 from qcore.errors import ConfigError, DataError
 from qcore.observers import HistogramObserver
 from qcore.thresholds import (
@@ -17,7 +19,6 @@ from qcore.thresholds import (
     search_threshold,
     thresholds_all_algos,
 )
-from scipy.stats import wasserstein_distance
 
 RNG = np.random.default_rng(99)
 _laplace = RNG.laplace(size=50_000)

@@ -220,6 +220,18 @@ class Graph(ABC):
             self._set_operand(operand, self._weight_dq[operand.name])
         return quantized
 
+    def replace_weight(self, operand: Operand, value: np.ndarray, suffix: str = "replaced") -> str:
+        """Make ``operand``'s op read a new float parameter holding ``value``; returns its name."""
+        if not operand.is_param:
+            raise GraphError(f"{operand.name!r} is not a parameter; only weights can be replaced")
+        old = self.get_param(operand.name)
+        if old.shape != value.shape:
+            raise GraphError(f"new value for {operand.name!r} has shape {value.shape}, expected {old.shape}")
+        name = self._new_param_name(f"{operand.name}.{suffix}")
+        with self._editing():
+            self._set_operand(operand, self._add_param(name, value.astype(np.float32), operand.op))
+        return name
+
     def fold_conv_bn(self) -> int:
         """Fold every inference batch_norm that directly follows a conv into the conv.
 

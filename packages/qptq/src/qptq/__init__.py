@@ -1,0 +1,7 @@
+"""qptq: post-training quantization (dynamic weight-only and static calibrated) for Paddle 3."""
+
+from .dynamic import quant_post_dynamic
+from .static import PostTrainingQuantization, quant_post, quant_post_static
+
+__version__ = "0.1.0"
+__all__ = ["PostTrainingQuantization", "quant_post", "quant_post_dynamic", "quant_post_static"]

@@ -1,0 +1,84 @@
+"""One calibration pass: run the float model over the data, keep only mergeable statistics.
+
+Every activation the quantized ops read gets a :class:`~qcore.observers.HistogramObserver`
+(its histogram also tracks the per-batch abs max), so memory does not grow with the number of
+batches and every threshold algorithm can be scored from the same pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from qcore.errors import DataError
+from qcore.graph import Graph, Operand, OpRef
+from qcore.observers import HistogramObserver
+
+try:
+    from tqdm import tqdm
+except ImportError:  # pragma: no cover - tqdm is a declared dependency
+    tqdm = None
+
+
+@dataclass
+class Target:
+    """One op to quantize: its weight (if any) and the activations it reads."""
+
+    op: OpRef
+    weight: Operand | None
+    activations: list[Operand]
+
+
+@dataclass
+class Calibration:
+    """Observers by activation name, plus how many batches and samples they saw."""
+
+    observers: dict[str, HistogramObserver] = field(default_factory=dict)
+    batches: int = 0
+    samples: int = 0
+
+
+def find_targets(graph: Graph, op_types: Iterable[str], skip_patterns: Iterable[str] = ()) -> list[Target]:
+    """Every op of ``op_types`` not skipped, with its weight and activation operands."""
+    return [
+        Target(op, graph.weight_operand(op), graph.activation_operands(op))
+        for op in graph.ops(list(op_types), skip_patterns=list(skip_patterns))
+    ]
+
+
+def calibrate(
+    graph: Graph, targets: list[Target], batches: Iterable[dict[str, np.ndarray]], *, progress: bool = False
+) -> Calibration:
+    """Run ``graph`` over ``batches`` and observe every target activation."""
+    unique: dict[str, Operand] = {}
+    for target in targets:
+        for operand in target.activations:
+            unique.setdefault(operand.name, operand)
+    names = list(unique)
+    result = Calibration({n: HistogramObserver() for n in names})
+    fetch = [unique[n].value for n in names]
+    iterator = tqdm(batches, desc="calibrating", unit="batch", disable=not progress) if tqdm else batches
+    for feed in iterator:
+        values = _run(graph, feed, fetch)
+        for name, value in zip(names, values):
+            try:
+                result.observers[name].update(value)
+            except DataError as exc:
+                raise DataError(f"activation {name!r} at batch {result.batches}: {exc}") from None
+        result.batches += 1
+        result.samples += len(next(iter(feed.values())))
+    return result
+
+
+def _run(graph: Graph, feed: dict[str, np.ndarray], fetch: list) -> list[np.ndarray]:
+    try:
+        return graph.run(feed, fetch) if fetch else []
+    except Exception as exc:  # Paddle reports shape/dtype problems as bare runtime errors
+        shapes = {k: (tuple(v.shape), str(v.dtype)) for k, v in feed.items()}
+        first = next((line for line in str(exc).splitlines() if "Error" in line), str(exc)[:200]).strip()
+        raise DataError(
+            f"the model could not run on a calibration batch with feeds {shapes} ({first}); "
+            "check the batch shapes and dtypes against the model's inputs"
+        ) from exc

@@ -1,0 +1,229 @@
+"""Static post-training quantization: calibrate activation thresholds, store int8 weights.
+
+``PostTrainingQuantization`` follows PaddleSlim's class; ``quant_post_static`` (alias
+``quant_post``) is the one-call form with the seeds' signature.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from qcore.config import validate_bits, validate_choice
+from qcore.constants import (
+    ACTIVATION_QUANTIZE_TYPES,
+    QUANT_DEQUANT_PASS_OP_TYPES,
+    TRANSFORM_PASS_OP_TYPES,
+    WEIGHT_QUANTIZE_TYPES,
+)
+from qcore.graph import Graph, open_graph
+from qcore.model_io import ModelFiles, load_model
+from qcore.thresholds import ALIASES, search_threshold, thresholds_all_algos
+
+from .calibrate import Calibration, Target, calibrate, find_targets
+from .data import feed_batches
+from .naming import output_names
+
+log = logging.getLogger(__name__)
+ALGO_CHOICES = ("KL", "abs_max", "direct", "hist", "mse", "avg", "emd")
+DEFAULT_OP_TYPES = ("conv2d", "depthwise_conv2d", "mul")
+
+
+class PostTrainingQuantization:
+    """Calibrate on sample data, then quantize weights and activations of the chosen ops.
+
+    Differences from PaddleSlim: ``executor``/``scope`` are optional (each loaded model has
+    its own scope on the CPU); statistics stream, so ``is_use_cache_file`` only checkpoints
+    observer state to ``cache_dir`` (a JSON file, removed afterwards) instead of samples.
+    """
+
+    def __init__(
+        self,
+        executor: Any = None,
+        sample_generator: Callable[[], Iterable[Any]] | None = None,
+        model_dir: str | os.PathLike[str] | None = None,
+        model_filename: str | None = None,
+        params_filename: str | None = None,
+        batch_generator: Callable[[], Iterable[Any]] | None = None,
+        data_loader: Iterable[Any] | None = None,
+        batch_size: int = 10,
+        batch_nums: int | None = None,
+        scope: Any = None,
+        algo: str = "KL",
+        hist_percent: float = 0.99999,
+        quantizable_op_type: Sequence[str] = DEFAULT_OP_TYPES,
+        is_full_quantize: bool = False,
+        weight_bits: int = 8,
+        activation_bits: int = 8,
+        activation_quantize_type: str = "range_abs_max",
+        weight_quantize_type: str = "channel_wise_abs_max",
+        optimize_model: bool = False,
+        is_use_cache_file: bool = False,
+        cache_dir: str | os.PathLike[str] = "./temp_post_training",
+        skip_patterns: Sequence[str] = ("skip_quant",),
+        progress: bool = False,
+    ) -> None:
+        if model_dir is None:
+            raise ValueError("model_dir is required: the directory (or path prefix) of the float model")
+        validate_choice("algo", algo, ALGO_CHOICES)
+        validate_choice("activation_quantize_type", activation_quantize_type, ACTIVATION_QUANTIZE_TYPES)
+        validate_choice("weight_quantize_type", weight_quantize_type, WEIGHT_QUANTIZE_TYPES[:2])
+        self.weight_bits = validate_bits("weight_bits", weight_bits, 2, 16)
+        self.activation_bits = validate_bits("activation_bits", activation_bits, 2, 16)
+        self.algo = ALIASES.get(algo.lower(), algo.lower())
+        self.hist_percent = hist_percent
+        self.per_channel = weight_quantize_type == "channel_wise_abs_max"
+        self.op_types = (
+            list(TRANSFORM_PASS_OP_TYPES) + list(QUANT_DEQUANT_PASS_OP_TYPES)
+            if is_full_quantize
+            else list(quantizable_op_type)
+        )
+        self.optimize_model = optimize_model
+        self.skip_patterns = list(skip_patterns)
+        self.cache_file = Path(cache_dir) / "observers.json" if is_use_cache_file else None
+        self.progress = progress
+        self.model = load_model(model_dir, model_filename, params_filename)
+        if executor is not None:
+            self.model.executor = executor
+        self._batches = lambda: feed_batches(
+            self.model.feed_names,
+            sample_generator=sample_generator,
+            batch_generator=batch_generator,
+            data_loader=data_loader,
+            batch_size=batch_size,
+            batch_nums=batch_nums,
+        )
+        self.graph: Graph | None = None
+        self.report: dict[str, Any] = {}
+
+    def quantize(self) -> Any:
+        """Calibrate and rewrite; returns the quantized program."""
+        start = time.perf_counter()
+        graph = open_graph(self.model)
+        if self.optimize_model:
+            graph.fold_conv_bn()
+        targets = find_targets(graph, self.op_types, self.skip_patterns)
+        calibration = calibrate(graph, targets, self._batches(), progress=self.progress)
+        if self.cache_file is not None:
+            self._checkpoint(calibration)
+        thresholds = {
+            name: search_threshold(self.algo, obs, self.activation_bits, **self._algo_opts())
+            for name, obs in calibration.observers.items()
+        }
+        self.report = self._rewrite(graph, targets, thresholds, calibration)
+        self.report["calibration_seconds"] = round(time.perf_counter() - start, 3)
+        self.graph = graph
+        return graph.model.program
+
+    def _algo_opts(self) -> dict[str, float]:
+        return {"hist_percent": self.hist_percent} if self.algo == "hist" else {}
+
+    def _rewrite(
+        self, graph: Graph, targets: list[Target], thresholds: dict[str, float], calibration: Calibration
+    ) -> dict[str, Any]:
+        layers = []
+        for target in targets:
+            entry: dict[str, Any] = {"op": target.op.seed_type, "scope": target.op.scope_name, "inputs": {}}
+            if target.weight is not None:
+                stored = graph.quantize_weight(
+                    target.weight, self.weight_bits, graph.weight_channel_axis(target.op) if self.per_channel else None
+                )
+                entry["weight"] = {"name": target.weight.name, "thresholds": stored.thresholds.round(6).tolist()}
+            for operand in target.activations:
+                observer = calibration.observers[operand.name]
+                info = {"threshold": thresholds[operand.name], "all_algos": _all_algos(observer, self)}
+                if thresholds[operand.name] > 0:
+                    graph.insert_act_qdq(operand, thresholds[operand.name], self.activation_bits)
+                else:
+                    info["left_float"] = "activation was all zeros during calibration"
+                    log.warning("activation %s was all zeros during calibration; left in float", operand.name)
+                entry["inputs"][operand.name] = info
+            layers.append(entry)
+        return {"algo": self.algo, "batches": calibration.batches, "samples": calibration.samples, "layers": layers}
+
+    def _checkpoint(self, calibration: Calibration) -> None:
+        assert self.cache_file is not None
+        self.cache_file.parent.mkdir(parents=True, exist_ok=True)
+        states = {n: {k: _jsonable(v) for k, v in o.state().items()} for n, o in calibration.observers.items()}
+        self.cache_file.write_text(json.dumps(states))
+        log.info("observer state checkpointed to %s", self.cache_file)
+
+    def save_quantized_model(
+        self,
+        save_model_path: str | os.PathLike[str],
+        model_filename: str | None = None,
+        params_filename: str | None = None,
+    ) -> ModelFiles:
+        """Save the quantized model (same IR family as the input) atomically."""
+        if self.graph is None:
+            raise RuntimeError("call quantize() before save_quantized_model()")
+        files = self.graph.save(save_model_path, *output_names(self.model.family, model_filename, params_filename))
+        if self.cache_file is not None and self.cache_file.exists():
+            self.cache_file.unlink()
+        return files
+
+
+def _all_algos(observer: Any, ptq: PostTrainingQuantization) -> dict[str, float]:
+    if observer.counts.sum() == 0:
+        return {}
+    return {k: round(v, 6) for k, v in thresholds_all_algos(observer, ptq.activation_bits, ptq.hist_percent).items()}
+
+
+def _jsonable(value: Any) -> Any:
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+def quant_post_static(
+    executor: Any,
+    model_dir: str | os.PathLike[str],
+    quantize_model_path: str | os.PathLike[str],
+    batch_generator: Callable[[], Iterable[Any]] | None = None,
+    sample_generator: Callable[[], Iterable[Any]] | None = None,
+    model_filename: str | None = None,
+    params_filename: str | None = None,
+    save_model_filename: str | None = "__model__",
+    save_params_filename: str | None = "__params__",
+    batch_size: int = 16,
+    batch_nums: int | None = None,
+    scope: Any = None,
+    algo: str = "KL",
+    quantizable_op_type: Sequence[str] = DEFAULT_OP_TYPES,
+    is_full_quantize: bool = False,
+    weight_bits: int = 8,
+    activation_bits: int = 8,
+    activation_quantize_type: str = "range_abs_max",
+    weight_quantize_type: str = "channel_wise_abs_max",
+    optimize_model: bool = False,
+    is_use_cache_file: bool = False,
+    cache_dir: str | os.PathLike[str] = "./temp_post_training",
+    *,
+    data_loader: Iterable[Any] | None = None,
+    hist_percent: float = 0.99999,
+    skip_patterns: Sequence[str] = ("skip_quant",),
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Quantize the model in ``model_dir`` with calibration data and save it.
+
+    Returns the per-layer report (thresholds chosen, and what every algo would choose).
+    """
+    ptq = PostTrainingQuantization(
+        executor=executor, sample_generator=sample_generator, model_dir=model_dir,
+        model_filename=model_filename, params_filename=params_filename, batch_generator=batch_generator,
+        data_loader=data_loader, batch_size=batch_size, batch_nums=batch_nums, scope=scope, algo=algo,
+        hist_percent=hist_percent, quantizable_op_type=quantizable_op_type, is_full_quantize=is_full_quantize,
+        weight_bits=weight_bits, activation_bits=activation_bits,
+        activation_quantize_type=activation_quantize_type, weight_quantize_type=weight_quantize_type,
+        optimize_model=optimize_model, is_use_cache_file=is_use_cache_file, cache_dir=cache_dir,
+        skip_patterns=skip_patterns, progress=progress,
+    )
+    ptq.quantize()
+    ptq.save_quantized_model(quantize_model_path, save_model_filename, save_params_filename)
+    return ptq.report
+
+
+quant_post = quant_post_static
