@@ -78,10 +78,17 @@ def _kl_divergence(c: Counts, bits: int) -> tuple[NDArray[np.int64], NDArray[np.
 
 
 def _kl(c: Counts, w: float, bits: int) -> float:
-    """Bin edge minimising the TensorRT KL divergence; the abs max when the bins are fewer than the levels."""
+    """Bin edge minimising the TensorRT KL divergence; the abs max when the bins are fewer than the levels.
+
+    Like Paddle's own KL calibration, only thresholds of at least half the observed abs max are
+    candidates: after a ReLU the spike of zeros otherwise drives KL to clip most of the range
+    (measured on the demo CNN: 1.6 instead of ~6 after ReLU, -15 points top-1).
+    """
     if c.size < 2 ** (bits - 1):
         return _abs_max(c, w, bits)
     i, kl = _kl_divergence(c, bits)
+    used = int(np.flatnonzero(c)[-1]) + 1
+    kl = np.where(i >= used // 2, kl, np.inf)
     return float(i[np.argmin(kl)]) * w
 
 
