@@ -171,8 +171,9 @@ class Graph(ABC):
         """Create or overwrite parameter ``name`` in the scope (does not touch the program)."""
         self.model.scope.var(name).get_tensor().set(np.ascontiguousarray(value), paddle.CPUPlace())
 
+    @abstractmethod
     def param_names(self) -> list[str]:
-        return sorted({o.name for op in self.ops() for o in self.operands(op) if o.is_param})
+        """Names of every parameter the program reads (what a save writes)."""
 
     # ---- rewriting --------------------------------------------------------------------
     def insert_act_qdq(self, operand: Operand, threshold: float, bits: int = 8) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 from paddle.base import core
 
 from ..model_io import Model
-from ..quant import qmax
+from ..quant import qmax, scale_from_threshold
 from .base import Graph, Operand, OpRef, QuantizedWeight
 from .optable import CONV_TYPES
 
@@ -79,6 +79,10 @@ class LegacyGraph(Graph):
         self.set_param(name, value if dtype != "float32" else value.astype(np.float32))
         return name
 
+    def param_names(self) -> list[str]:
+        read = {name for op in self.block.ops for name in op.input_arg_names}
+        return sorted(n for n in read if (v := self.block._find_var_recursive(n)) is not None and v.persistable)
+
     def _key(self, value: str) -> str:
         return value
 
@@ -121,15 +125,26 @@ class LegacyGraph(Graph):
     def _build_weight_dq(self, operand: Operand, weight: QuantizedWeight) -> str:
         name = operand.name
         codes = self._add_param(self._new_param_name(f"{name}.quantized"), weight.codes)
+        dequantized = self._tmp_var(f"{name}.dequantized", name)
+        at = self._index(operand.op.raw)
+        axis = -1 if weight.axis is None else weight.axis
+        if weight.bits > 8:  # Paddle has no int16 dequantize_linear kernel: cast, then scale
+            scales = np.asarray(scale_from_threshold(weight.thresholds, weight.bits), np.float32)
+            scale = self._add_param(self._new_param_name(f"{name}@scale"), scales)
+            as_float = self._tmp_var(f"{name}.as_float", name)
+            self.block._insert_op(
+                at, type="cast", inputs={"X": [codes]}, outputs={"Out": [as_float]},
+                attrs={"in_dtype": _INT_DTYPES[16], "out_dtype": core.VarDesc.VarType.FP32},
+            )
+            self.block._insert_op(
+                at + 1, type="elementwise_mul", inputs={"X": [as_float], "Y": [scale]},
+                outputs={"Out": [dequantized]}, attrs={"axis": axis},
+            )
+            return dequantized
         thr = weight.thresholds.astype(np.float32)
         scale = self._add_param(self._new_param_name(f"{name}@scale"), thr)
         zero = self._add_param(self._new_param_name(f"{name}@zero_point"), np.zeros(thr.shape, np.int32))
-        dequantized = self._tmp_var(f"{name}.dequantized", name)
-        axis = -1 if weight.axis is None else weight.axis
-        self._insert(
-            self._index(operand.op.raw), "dequantize_linear", codes, scale, zero, dequantized,
-            self._qdq_attrs(weight.bits, axis),
-        )
+        self._insert(at, "dequantize_linear", codes, scale, zero, dequantized, self._qdq_attrs(weight.bits, axis))
         return dequantized
 
     def _single_consumer(self, var_name: str) -> Any | None:

@@ -78,8 +78,15 @@ class PirGraph(Graph):
         param = self._param_name(value)
         return Operand(op, slot, index, value, param or self._value_name(value), param is not None)
 
+    @staticmethod
+    def _input_names(raw: Any) -> list[str]:
+        try:
+            return list(raw.get_input_names())
+        except ValueError:  # builtin ops (combine, slice, ...) have no named inputs
+            return []
+
     def operands(self, op: OpRef) -> list[Operand]:
-        names = op.raw.get_input_names()
+        names = self._input_names(op.raw)
         found = []
         for i in range(op.raw.num_operands()):
             operand = self._make_operand(op, names[i] if i < len(names) else str(i), i)
@@ -88,7 +95,7 @@ class PirGraph(Graph):
         return found
 
     def _operand_in_slot(self, op: OpRef, slot: str) -> Operand | None:
-        names = op.raw.get_input_names()
+        names = self._input_names(op.raw)
         return self._make_operand(op, slot, names.index(slot)) if slot in names else None
 
     def _weight_transposed(self, op: OpRef) -> bool:
@@ -107,6 +114,9 @@ class PirGraph(Graph):
         param.stop_gradient = True
         self.set_param(name, value if dtype != "float32" else value.astype(np.float32))
         return param
+
+    def param_names(self) -> list[str]:
+        return sorted(op.attrs()["parameter_name"] for op in self.block.ops if op.name() == _PARAM_OP)
 
     def _key(self, value: Any) -> str:
         return str(value.id)
