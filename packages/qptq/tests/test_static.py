@@ -1,0 +1,154 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from qcore.errors import ConfigError, DataError, GraphError
+from qcore.graph import open_graph
+from qcore.inference import predict
+from qcore.model_io import find_model_files, load_model
+from qptq import PostTrainingQuantization, quant_post, quant_post_static
+
+
+def _samples(calib):
+    return lambda: ((img,) for img in calib)
+
+
+@pytest.mark.parametrize("algo", ["KL", "abs_max", "hist", "mse", "avg", "emd"])
+def test_every_algo_keeps_demo_accuracy_simulated_and_deployed(demo_model, demo_data, tmp_path, algo):
+    directory, float_top1 = demo_model
+    calib, x, y = demo_data
+    report = quant_post_static(
+        None, directory, tmp_path / "int8", sample_generator=_samples(calib), batch_size=20, algo=algo,
+        optimize_model=True,
+    )
+    assert report["samples"] == 100 and report["batches"] == 5
+    files = find_model_files(tmp_path / "int8")
+    simulated = load_model(tmp_path / "int8").run({"image": x})[0]
+    deployed = predict(files, {"image": x})[0]
+    sim_top1 = (simulated.argmax(1) == y).mean()
+    dep_top1 = (deployed.argmax(1) == y).mean()
+    assert sim_top1 >= float_top1 - 0.015, (algo, sim_top1, float_top1)
+    assert abs(dep_top1 - sim_top1) <= 0.01, (algo, dep_top1, sim_top1)
+
+
+def test_output_graph_contents_and_report(demo_model, demo_data, tmp_path):
+    directory, _ = demo_model
+    calib, _, _ = demo_data
+    ptq = PostTrainingQuantization(
+        sample_generator=_samples(calib), model_dir=directory, batch_size=25, batch_nums=2, algo="abs_max"
+    )
+    ptq.quantize()
+    files = ptq.save_quantized_model(tmp_path / "int8")
+    types = open_graph(load_model(tmp_path / "int8")).op_types()
+    quantized_ops = len(ptq.report["layers"])
+    assert quantized_ops == 6  # 4 conv2d + 1 depthwise_conv2d + 1 mul in the demo CNN
+    if files.family == "legacy":
+        assert files.model_file.name == "inference.pdmodel"
+        assert types.count("quantize_linear") == 6 and types.count("dequantize_linear") == 12
+    else:
+        assert files.model_file.name == "inference.json"  # __model__ cannot name a PIR model
+        assert types.count("pd_op.fake_quantize_dequantize_moving_average_abs_max") == 6
+    first = ptq.report["layers"][0]["inputs"]["image"]
+    assert set(first["all_algos"]) == {"abs_max", "kl", "hist", "mse", "avg", "emd"}
+    images = calib[:50]
+    assert first["threshold"] == pytest.approx(np.abs(images).max(), rel=2e-3)  # abs_max within a bin
+    assert ptq.report["samples"] == 50
+
+
+def test_seed_defaults_and_alias(demo_model, demo_data, tmp_path):
+    directory, _ = demo_model
+    calib, _, _ = demo_data
+    assert quant_post is quant_post_static
+    quant_post(None, directory, tmp_path / "q", sample_generator=_samples(calib[:20]), algo="direct")
+    written = sorted(p.name for p in (tmp_path / "q").iterdir())
+    family = load_model(directory).family
+    assert written == (["__model__", "__params__"] if family == "legacy" else ["inference.json", "inference.pdiparams"])
+
+
+def test_batch_generator_and_data_loader_give_the_same_thresholds(tiny_model, tiny_input, tmp_path):
+    directory, kwargs = tiny_model
+    batches = [tiny_input[:4], tiny_input[4:]]
+    from_batches = PostTrainingQuantization(
+        batch_generator=lambda: ((b,) for b in batches), model_dir=directory, **kwargs, algo="abs_max"
+    )
+    from_loader = PostTrainingQuantization(
+        data_loader=[{"x": b} for b in batches], model_dir=directory, **kwargs, algo="abs_max"
+    )
+    from_samples = PostTrainingQuantization(
+        sample_generator=lambda: iter(tiny_input), model_dir=directory, **kwargs, algo="abs_max", batch_size=3
+    )
+    for ptq in (from_batches, from_loader, from_samples):
+        ptq.quantize()
+    thresholds = [
+        [i["threshold"] for layer in p.report["layers"] for i in layer["inputs"].values()]
+        for p in (from_batches, from_loader, from_samples)
+    ]
+    assert thresholds[0] == thresholds[1] == thresholds[2]
+    assert from_samples.report["batches"] == 3
+
+
+def test_cache_file_holds_observer_state_until_saved(tiny_model, tiny_input, tmp_path):
+    directory, kwargs = tiny_model
+    ptq = PostTrainingQuantization(
+        sample_generator=lambda: iter(tiny_input), model_dir=directory, **kwargs, is_use_cache_file=True,
+        cache_dir=tmp_path / "cache",
+    )
+    ptq.quantize()
+    state = json.loads((tmp_path / "cache" / "observers.json").read_text())
+    assert "x" in state and sum(state["x"]["counts"]) == tiny_input.size
+    ptq.save_quantized_model(tmp_path / "out")
+    assert not (tmp_path / "cache" / "observers.json").exists()
+
+
+def test_skip_pattern_and_op_types(tiny_model, tiny_input):
+    directory, kwargs = tiny_model
+    ptq = PostTrainingQuantization(
+        sample_generator=lambda: iter(tiny_input), model_dir=directory, **kwargs,
+        quantizable_op_type=["conv2d", "depthwise_conv2d", "mul"], skip_patterns=["linear_0"],
+    )
+    ptq.quantize()
+    assert [layer["op"] for layer in ptq.report["layers"]] == ["conv2d", "depthwise_conv2d"]
+
+
+def test_bad_inputs_fail_with_clear_errors(tiny_model, tiny_input, tmp_path):
+    directory, kwargs = tiny_model
+
+    def run(**options):
+        defaults = {"sample_generator": lambda: iter(tiny_input)}
+        defaults.update(options)
+        PostTrainingQuantization(model_dir=directory, **kwargs, **defaults).quantize()
+
+    with pytest.raises(DataError, match="calibration data is empty"):
+        run(sample_generator=lambda: iter([]))
+    with pytest.raises(DataError, match="missing"):
+        run(sample_generator=None, data_loader=[{"image": tiny_input}])
+    with pytest.raises(DataError, match="check the batch shapes"):
+        run(sample_generator=lambda: iter(np.zeros((4, 3, 5, 5), np.float32)))
+    nan_input = tiny_input.copy()
+    nan_input[0, 0, 0, 0] = np.nan
+    with pytest.raises(DataError, match="activation 'x'.*NaN"):
+        run(sample_generator=lambda: iter(nan_input))
+    with pytest.raises(ConfigError, match="did you mean 'KL'"):
+        run(algo="kl2")
+    with pytest.raises(ConfigError, match="activation_bits"):
+        run(activation_bits=1)
+    with pytest.raises(DataError, match="exactly one"):
+        run(batch_generator=lambda: iter([tiny_input]))
+    with pytest.raises(GraphError, match="unknown op type"):
+        run(quantizable_op_type=["convv2d"])
+    with pytest.raises(RuntimeError, match="call quantize"):
+        PostTrainingQuantization(
+            sample_generator=lambda: iter(tiny_input), model_dir=directory, **kwargs
+        ).save_quantized_model(tmp_path / "o")
+
+
+def test_all_zero_activation_is_left_in_float(tiny_model, tmp_path):
+    directory, kwargs = tiny_model
+    zeros = np.zeros((4, 1, 8, 8), np.float32)
+    ptq = PostTrainingQuantization(sample_generator=lambda: iter(zeros), model_dir=directory, **kwargs)
+    ptq.quantize()
+    first = ptq.report["layers"][0]["inputs"]["x"]
+    assert first["threshold"] == 0.0 and "all zeros" in first["left_float"]
