@@ -71,14 +71,10 @@ def normalize_images(images: np.ndarray) -> np.ndarray:
 def load_demo_raw(split: str) -> tuple[np.ndarray, np.ndarray]:
     """Return the raw uint8 images (N, 28, 28) and int64 labels (N,) of a split."""
     if split not in SPLITS:
-        raise ConfigError(
-            f"unknown demo split '{split}'{did_you_mean(split, SPLITS)}; use one of {', '.join(SPLITS)}"
-        )
+        raise ConfigError(f"unknown demo split '{split}'{did_you_mean(split, SPLITS)}; use one of {', '.join(SPLITS)}")
     path = _ASSETS / _DATA_FILE
     if not path.is_file():
-        raise ModelFormatError(
-            f"{path} is missing; reinstall qcore or regenerate it with demo/make_data.py"
-        )
+        raise ModelFormatError(f"{path} is missing; reinstall qcore or regenerate it with demo/make_data.py")
     with np.load(path) as data:
         images = data[f"{split}_images"]
         labels = data[f"{split}_labels"].astype(np.int64, copy=False)
