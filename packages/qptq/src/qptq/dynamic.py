@@ -52,13 +52,14 @@ def quant_post_dynamic(
     per_channel = weight_quantize_type == "channel_wise_abs_max"
     graph = open_graph(load_model(model_dir, model_filename, params_filename))
     test_graph = open_graph(load_model(model_dir, model_filename, params_filename)) if generate_test_model else None
-    for op_index, op in enumerate(graph.ops(list(quantizable_op_type))):
+    ops = graph.ops(list(quantizable_op_type))
+    twins = test_graph.ops(list(quantizable_op_type)) if test_graph is not None else [None] * len(ops)
+    for op, twin in zip(ops, twins):
         weight = graph.weight_operand(op)
         if weight is None:
             continue
         stored = graph.quantize_weight(weight, weight_bits, graph.weight_channel_axis(op) if per_channel else None)
         if test_graph is not None:
-            twin = test_graph.ops(list(quantizable_op_type))[op_index]
             test_graph.replace_weight(test_graph.weight_operand(twin), dequantized(stored), "fake_quantized")
     names = output_names(graph.family, save_model_filename, save_params_filename)
     files = graph.save(save_model_dir, *names)

@@ -23,7 +23,7 @@ from qcore.constants import (
 )
 from qcore.graph import Graph, open_graph
 from qcore.model_io import ModelFiles, load_model
-from qcore.thresholds import ALIASES, search_threshold, thresholds_all_algos
+from qcore.thresholds import ALIASES, thresholds_all_algos
 
 from .calibrate import Calibration, Target, calibrate, find_targets
 from .data import feed_batches
@@ -111,20 +111,17 @@ class PostTrainingQuantization:
         calibration = calibrate(graph, targets, self._batches(), progress=self.progress)
         if self.cache_file is not None:
             self._checkpoint(calibration)
-        thresholds = {
-            name: search_threshold(self.algo, obs, self.activation_bits, **self._algo_opts())
+        candidates = {
+            name: thresholds_all_algos(obs, self.activation_bits, self.hist_percent)
             for name, obs in calibration.observers.items()
         }
-        self.report = self._rewrite(graph, targets, thresholds, calibration)
+        self.report = self._rewrite(graph, targets, candidates, calibration)
         self.report["calibration_seconds"] = round(time.perf_counter() - start, 3)
         self.graph = graph
         return graph.model.program
 
-    def _algo_opts(self) -> dict[str, float]:
-        return {"hist_percent": self.hist_percent} if self.algo == "hist" else {}
-
     def _rewrite(
-        self, graph: Graph, targets: list[Target], thresholds: dict[str, float], calibration: Calibration
+        self, graph: Graph, targets: list[Target], candidates: dict[str, dict[str, float]], calibration: Calibration
     ) -> dict[str, Any]:
         layers = []
         for target in targets:
@@ -135,10 +132,11 @@ class PostTrainingQuantization:
                 )
                 entry["weight"] = {"name": target.weight.name, "thresholds": stored.thresholds.round(6).tolist()}
             for operand in target.activations:
-                observer = calibration.observers[operand.name]
-                info = {"threshold": thresholds[operand.name], "all_algos": _all_algos(observer, self)}
-                if thresholds[operand.name] > 0:
-                    graph.insert_act_qdq(operand, thresholds[operand.name], self.activation_bits)
+                every_algo = candidates[operand.name]
+                threshold = every_algo[self.algo]
+                info = {"threshold": threshold, "all_algos": {k: round(v, 6) for k, v in every_algo.items()}}
+                if threshold > 0:
+                    graph.insert_act_qdq(operand, threshold, self.activation_bits)
                 else:
                     info["left_float"] = "activation was all zeros during calibration"
                     log.warning("activation %s was all zeros during calibration; left in float", operand.name)
@@ -166,12 +164,6 @@ class PostTrainingQuantization:
         if self.cache_file is not None and self.cache_file.exists():
             self.cache_file.unlink()
         return files
-
-
-def _all_algos(observer: Any, ptq: PostTrainingQuantization) -> dict[str, float]:
-    if observer.counts.sum() == 0:
-        return {}
-    return {k: round(v, 6) for k, v in thresholds_all_algos(observer, ptq.activation_bits, ptq.hist_percent).items()}
 
 
 def _jsonable(value: Any) -> Any:

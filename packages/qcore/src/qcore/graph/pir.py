@@ -15,12 +15,15 @@ memory"). So the PIR form uses ops that run correctly in both:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import paddle
 
 from ..model_io import Model
+from ..quant import scale_from_threshold
 from .base import Graph, Operand, OpRef, QuantizedWeight
 from .optable import CONV_TYPES
 
@@ -102,11 +105,17 @@ class PirGraph(Graph):
         return bool(op.raw.attrs().get("transpose_y", False))
 
     # ---- building blocks ------------------------------------------------------------
+    @contextlib.contextmanager
+    def _inserting_before(self, raw: Any) -> Iterator[None]:
+        """Ops built in the body go into this program, just before ``raw``."""
+        with paddle.static.program_guard(self.model.program, self._startup):
+            paddle.pir.set_insertion_point(raw)
+            yield
+
     def _add_param(self, name: str, value: np.ndarray, before: OpRef | Any) -> Any:
         raw = before.raw if isinstance(before, OpRef) else before
         dtype = str(value.dtype) if value.dtype in (np.int8, np.int16) else "float32"
-        with paddle.static.program_guard(self.model.program, self._startup):
-            paddle.pir.set_insertion_point(raw)
+        with self._inserting_before(raw):
             param = paddle.static.create_parameter(
                 list(value.shape), dtype, name=name,
                 default_initializer=paddle.nn.initializer.Constant(0.0),
@@ -144,16 +153,13 @@ class PirGraph(Graph):
             self._add_param(self._new_param_name(f"{operand.name}@{kind}"), np.array([v], np.float32), operand.op)
             for kind, v in (("scale", threshold), ("accum", 1.0), ("state", 1.0))
         )
-        with paddle.static.program_guard(self.model.program, self._startup):
-            paddle.pir.set_insertion_point(operand.op.raw)
+        with self._inserting_before(operand.op.raw):
             out = paddle._C_ops.fake_quantize_dequantize_moving_average_abs_max(
                 operand.value, scale, accum, state, 0.9, bits, True, 0
             )[0]
         return out
 
     def _build_weight_dq(self, operand: Operand, weight: QuantizedWeight) -> Any:
-        from ..quant import scale_from_threshold
-
         codes = self._add_param(self._new_param_name(f"{operand.name}.quantized"), weight.codes, operand.op)
         scales = np.asarray(scale_from_threshold(weight.thresholds, weight.bits), np.float32)
         shape = [1] * weight.codes.ndim
@@ -162,8 +168,7 @@ class PirGraph(Graph):
         scale = self._add_param(
             self._new_param_name(f"{operand.name}@scale"), scales.reshape(shape), operand.op
         )
-        with paddle.static.program_guard(self.model.program, self._startup):
-            paddle.pir.set_insertion_point(operand.op.raw)
+        with self._inserting_before(operand.op.raw):
             return paddle._C_ops.multiply(paddle._C_ops.cast(codes, paddle.float32), scale)
 
     def _single_user(self, value: Any) -> Any | None:
@@ -228,8 +233,7 @@ class PirGraph(Graph):
             channels = folded_bias.size
             new = self._new_param_name(self._value_name(conv.raw.result(0)) + ".bn_folded_bias")
             param = self._add_param(new, folded_bias.reshape([1, channels, 1, 1]), bn)
-            with paddle.static.program_guard(self.model.program, self._startup):
-                paddle.pir.set_insertion_point(bn.raw)
+            with self._inserting_before(bn.raw):
                 out = paddle._C_ops.add(bn.raw.operand_source(0), param)
         bn.raw.result(0).replace_all_uses_with(out)
         inputs = [bn.raw.operand_source(i) for i in range(1, bn.raw.num_operands())]
