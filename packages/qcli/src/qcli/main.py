@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
+import pkgutil
 import sys
 from collections.abc import Sequence
 
-from . import __version__, demo
+from . import __version__, commands
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,7 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"qcli {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what each step does")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo.add_parser(sub)
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        importlib.import_module(f"{commands.__name__}.{info.name}").add_parser(sub)
     return parser
 
 

@@ -13,7 +13,7 @@ from qcore.demo import demo_model_dir, load_demo_data
 from qcore.inference import create_predictor, run_predictor
 from qcore.model_io import ModelFiles, find_model_files, load_model
 
-from .plugins import require
+from ..plugins import require
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -1,0 +1,1 @@
+"""One module per subcommand. Each defines ``add_parser(subparsers)``; ``qcli.main`` finds them all."""
