@@ -2,14 +2,17 @@
 
 from .base import Graph, Operand, OpRef, QuantizedWeight, open_graph
 from .optable import OP_TABLE, OpSpec, backend_names
+from .rewrite import OpQuantization, quantize_op
 
 __all__ = [
     "OP_TABLE",
     "Graph",
+    "OpQuantization",
     "OpRef",
     "OpSpec",
     "Operand",
     "QuantizedWeight",
     "backend_names",
     "open_graph",
+    "quantize_op",
 ]

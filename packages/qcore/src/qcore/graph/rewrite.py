@@ -1,0 +1,60 @@
+"""Thresholds -> deployable QDQ form for one op: the rewrite every static method ends with.
+
+Post-training quantization (thresholds from calibration) and quantization-aware training
+(thresholds learned during training) both finish the same way: store the op's weight as
+integer codes with per-channel (or per-tensor) scales and put a quantize/dequantize pair
+on each activation input. :func:`quantize_op` is that step, on any :class:`Graph` backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .base import Graph, OpRef, QuantizedWeight
+
+
+@dataclass
+class OpQuantization:
+    """What :func:`quantize_op` did to one op."""
+
+    weight: QuantizedWeight | None = None
+    activations: dict[str, float] = field(default_factory=dict)  # operand name -> threshold
+    left_float: list[str] = field(default_factory=list)  # activations with threshold <= 0
+
+
+def quantize_op(
+    graph: Graph,
+    op: OpRef,
+    act_thresholds: Mapping[str, float] | float,
+    *,
+    weight_bits: int = 8,
+    activation_bits: int = 8,
+    per_channel: bool = True,
+    weight_thresholds: np.ndarray | float | None = None,
+) -> OpQuantization:
+    """Quantize ``op``'s weight (if it has one) and insert QDQ on its activation inputs.
+
+    ``act_thresholds`` maps activation operand names to thresholds, or is one threshold for
+    every activation input of the op. An activation whose threshold is not positive (it was
+    all zeros) stays float and is listed in ``left_float``. ``weight_thresholds`` defaults to
+    the weight's abs max, per output channel when ``per_channel``.
+    """
+    result = OpQuantization()
+    activations = graph.activation_operands(op)
+    weight = graph.weight_operand(op)
+    if weight is not None:
+        axis = graph.weight_channel_axis(op) if per_channel else None
+        result.weight = graph.quantize_weight(weight, weight_bits, axis, weight_thresholds)
+    for operand in activations:
+        threshold = float(
+            act_thresholds if not isinstance(act_thresholds, Mapping) else act_thresholds[operand.name]
+        )
+        if threshold > 0:
+            graph.insert_act_qdq(operand, threshold, activation_bits)
+            result.activations[operand.name] = threshold
+        else:
+            result.left_float.append(operand.name)
+    return result
