@@ -106,3 +106,17 @@ def test_recorded_accuracy_matches_measured():
 def test_unknown_model_family_is_a_clear_error():
     with pytest.raises(Exception, match="did you mean 'legacy'"):
         demo_model_dir("legasy")
+
+
+def test_demo_net_holds_the_bundled_weights():
+    import paddle
+
+    from qcore.demo_net import DemoNet, load_demo_net
+
+    x, y = load_demo_data("test")
+    net = load_demo_net("pir")
+    assert isinstance(net, DemoNet) and not net.training
+    with paddle.no_grad():
+        logits = net(paddle.to_tensor(x[:500])).numpy()
+    reference = load_model(demo_model_dir("legacy")).run({"image": x[:500]})[0]
+    np.testing.assert_allclose(logits, reference, atol=1e-4)
