@@ -7,6 +7,7 @@ a legacy ProgramDesc in each of Paddle's legacy file layouts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,21 @@ class TinyConvNet(paddle.nn.Layer):
         return self.fc(paddle.flatten(y, 1))
 
 
+class TinyEmbeddingNet(paddle.nn.Layer):
+    """Embedding lookup (id 0 is padding) -> mean over the sequence -> fc: a recommender's shape."""
+
+    def __init__(self, vocab: int = 64, dim: int = 16, classes: int = 4) -> None:
+        super().__init__()
+        self.emb = paddle.nn.Embedding(vocab, dim, padding_idx=0)
+        self.fc = paddle.nn.Linear(dim, classes)
+
+    def forward(self, ids: paddle.Tensor) -> paddle.Tensor:
+        return self.fc(paddle.mean(self.emb(ids), axis=1))
+
+
+EMBEDDING_INPUT_SPEC = (paddle.static.InputSpec([None, 6], "int64", "ids"),)
+
+
 def make_tiny_net(seed: int = 0) -> TinyConvNet:
     """A TinyConvNet with non-trivial batch-norm statistics, in eval mode."""
     paddle.seed(seed)
@@ -51,10 +67,15 @@ def sample_input(n: int = 4, seed: int = 1) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((n, *INPUT_SHAPE)).astype("float32")
 
 
-def save_tiny_net(net: paddle.nn.Layer, directory: Path, fmt: str) -> dict[str, str | None]:
-    """Save ``net`` in format ``fmt`` under ``directory``; returns load kwargs for it."""
+def save_tiny_net(
+    net: paddle.nn.Layer, directory: Path, fmt: str, input_spec: Sequence[paddle.static.InputSpec] | None = None
+) -> dict[str, str | None]:
+    """Save ``net`` in format ``fmt`` under ``directory``; returns load kwargs for it.
+
+    ``input_spec`` defaults to TinyConvNet's image input (use EMBEDDING_INPUT_SPEC for TinyEmbeddingNet).
+    """
     directory = Path(directory)
-    spec = [paddle.static.InputSpec([None, *INPUT_SHAPE], "float32", "x")]
+    spec = list(input_spec or [paddle.static.InputSpec([None, *INPUT_SHAPE], "float32", "x")])
     if fmt == "pir":
         paddle.jit.save(net, str(directory / "inference"), input_spec=spec)
         return {"model_filename": None, "params_filename": None}

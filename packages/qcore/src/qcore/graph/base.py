@@ -221,6 +221,39 @@ class Graph(ABC):
             self._set_operand(operand, self._weight_dq[operand.name])
         return quantized
 
+    def quantize_lookup(self, op: OpRef, codes: np.ndarray, scales: np.ndarray, log: bool = False) -> None:
+        """Make the table lookup ``op`` read int8 ``codes`` and dequantize only the rows it looks up.
+
+        The lookup op itself runs on the int8 table (Paddle's CPU embedding kernels accept
+        int8 in the executor and in paddle.inference), then its rows are cast to float and
+        multiplied by ``scales``: one value for the whole table, or one per row (looked up with
+        the same ids). ``log=True`` reads the codes as :func:`qcore.quant.log_quantize` codes
+        (``sign(c) * 2**(1-|c|)`` times the scale, i.e. the abs max). A table read by several
+        lookups is stored once.
+        """
+        weight = self.weight_operand(op)
+        if weight is None:
+            raise GraphError(f"{op!r} has no parameter table to quantize")
+        rows = self.get_param(weight.name).shape[0]
+        scales = np.asarray(scales, np.float32).reshape(-1)
+        if codes.dtype != np.int8 or codes.shape != self.get_param(weight.name).shape:
+            raise GraphError(f"codes for {weight.name!r} must be int8 with the table's shape")
+        if scales.size not in (1, rows):
+            raise GraphError(f"{weight.name!r} has {rows} rows; pass one scale or one per row, not {scales.size}")
+        with self._editing():
+            key = weight.name
+            if key not in self._weight_dq:
+                codes_name = self._add_param(self._new_param_name(f"{key}.quantized"), codes, op)
+                shape = [rows, 1] if scales.size > 1 else [1]
+                scale_name = self._add_param(self._new_param_name(f"{key}@scale"), scales.reshape(shape), op)
+                self._weight_dq[key] = (codes_name, scale_name)
+            self._build_lookup_dq(op, weight, *self._weight_dq[key], scales.size > 1, log)
+
+    @abstractmethod
+    def _build_lookup_dq(
+        self, op: OpRef, weight: Operand, codes: Any, scale: Any, per_row: bool, log: bool
+    ) -> None: ...
+
     def replace_weight(self, operand: Operand, value: np.ndarray, suffix: str = "replaced") -> str:
         """Make ``operand``'s op read a new float parameter holding ``value``; returns its name."""
         if not operand.is_param:

@@ -20,6 +20,7 @@ from .optable import CONV_TYPES
 
 _FLOATS = (core.VarDesc.VarType.FP32, core.VarDesc.VarType.FP64, core.VarDesc.VarType.FP16)
 _INT_DTYPES = {8: core.VarDesc.VarType.INT8, 16: core.VarDesc.VarType.INT16}
+_LN2 = float(np.log(2.0))
 
 
 class LegacyGraph(Graph):
@@ -146,6 +147,39 @@ class LegacyGraph(Graph):
         zero = self._add_param(self._new_param_name(f"{name}@zero_point"), np.zeros(thr.shape, np.int32))
         self._insert(at, "dequantize_linear", codes, scale, zero, dequantized, self._qdq_attrs(weight.bits, axis))
         return dequantized
+
+    def _build_lookup_dq(self, op: OpRef, weight: Operand, codes: str, scale: str, per_row: bool, log: bool) -> None:
+        out = op.raw.output("Out")[0]
+        rows = self.block.create_var(name=self._new_var_name(f"{out}.int8"), dtype="int8")
+        op.raw._rename_input(weight.value, codes)
+        op.raw._rename_output(out, rows.name)
+        at = self._index(op.raw) + 1
+
+        def add(op_type: str, inputs: dict[str, str], attrs: dict[str, Any], result: str | None = None) -> str:
+            nonlocal at
+            result = result or self._tmp_var(self._new_var_name(f"{out}.{op_type}"), out)
+            self.block._insert_op(
+                at, type=op_type, inputs={k: [v] for k, v in inputs.items()}, outputs={"Out": [result]}, attrs=attrs
+            )
+            at += 1
+            return result
+
+        value = add("cast", {"X": rows.name}, {"in_dtype": _INT_DTYPES[8], "out_dtype": core.VarDesc.VarType.FP32})
+        if log:  # sign(c) * 2**(1 - |c|)
+            sign = add("sign", {"X": value}, {})
+            power = add("scale", {"X": add("abs", {"X": value}, {})}, {"scale": -_LN2, "bias": _LN2})
+            value = add("elementwise_mul", {"X": sign, "Y": add("exp", {"X": power}, {})}, {"axis": -1})
+        if per_row:
+            attrs = {a: op.raw.attr(a) for a in ("padding_idx",) if op.raw.has_attr(a)}
+            scale = add(op.type, {"Ids": op.raw.input("Ids")[0], "W": scale}, attrs)
+        add("elementwise_mul", {"X": value, "Y": scale}, {"axis": -1}, result=out)
+
+    def _new_var_name(self, base: str) -> str:
+        name, k = base, 1
+        while self.block._find_var_recursive(name) is not None:
+            k += 1
+            name = f"{base}_{k}"
+        return name
 
     def _single_consumer(self, var_name: str) -> Any | None:
         users = [op for op in self.block.ops if var_name in op.input_arg_names]
