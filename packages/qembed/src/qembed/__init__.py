@@ -1,12 +1,27 @@
-"""qembed: embedding-table quantization.
+"""qembed: embedding-table quantization for Paddle 3 programs and for raw numpy tables.
 
-This first slice is the table-level numpy API (:mod:`qembed.table`): whole-table or per-row
-abs_max and log quantization, row lookups that dequantize only the rows asked for, and chunked
-processing of ``.npy`` tables larger than memory. The program rewrite ``quant_embedding``
-(issue 4) is not implemented yet.
+* :func:`quant_embedding` (the seeds' API) rewrites a program in memory; :func:`quant_embedding_model`
+  does the same for a saved model directory. Tables become int8 codes plus scale(s), read by a
+  lookup that dequantizes only the looked-up rows.
+* :mod:`qembed.table` quantizes tables held as arrays or ``.npy`` files, in chunks for tables
+  larger than memory.
 """
 
-from .table import QuantizedTable, quantize_npy, quantize_table
+from .config import EmbeddingConfig, TableConfig
+from .program import TableReport, quant_embedding, quant_embedding_model, quantize_tables
+from .table import QuantizedTable, TableChoice, choose_table_quantization, quantize_npy, quantize_table
 
 __version__ = "0.1.0"
-__all__ = ["QuantizedTable", "quantize_npy", "quantize_table"]
+__all__ = [
+    "EmbeddingConfig",
+    "QuantizedTable",
+    "TableChoice",
+    "TableConfig",
+    "TableReport",
+    "choose_table_quantization",
+    "quant_embedding",
+    "quant_embedding_model",
+    "quantize_npy",
+    "quantize_table",
+    "quantize_tables",
+]

@@ -1,0 +1,144 @@
+"""``quant_embedding``: store a program's embedding tables as int8 with a dequantizing lookup.
+
+Each matched lookup then reads the int8 table, casts only the looked-up rows to float and
+multiplies them by the scale (the per-row scales are looked up with the same ids). Works on
+both of Paddle 3's program kinds through :mod:`qcore.graph`; measured on Paddle 3.3.1 CPU,
+the rewritten program runs in the executor and in ``paddle.inference`` (oneDNN on or off).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import paddle
+
+from qcore.errors import GraphError, did_you_mean
+from qcore.graph import Graph, OpRef, open_graph
+from qcore.model_io import Model, ModelFiles, load_model
+
+from .config import EmbeddingConfig, TableConfig
+from .table import TableChoice, choose_table_quantization
+
+# Op types of the seeds that Paddle 3.3.1 (CPU) cannot run with a quantized table.
+UNSUPPORTED_OPS = {
+    "fused_embedding_seq_pool": "Paddle 3 no longer registers this op, so no Paddle 3 program can hold it",
+    "pyramid_hash": "Paddle 3.3.1's CPU pyramid_hash kernel rejects an int8 W (and returns all zeros for a float W)",
+}
+
+
+@dataclass(frozen=True)
+class TableReport:
+    """What happened to one table: its choice of quantization and the measured error."""
+
+    name: str
+    op_types: tuple[str, ...]
+    shape: tuple[int, ...]
+    choice: TableChoice
+
+    @property
+    def float_bytes(self) -> int:
+        return int(np.prod(self.shape)) * 4
+
+    @property
+    def quantized_bytes(self) -> int:
+        return int(np.prod(self.shape)) + self.choice.table.scales.size * 4
+
+
+def program_family(program: Any) -> str:
+    """'pir' for a ``paddle.pir.Program``, 'legacy' for a ProgramDesc-based ``paddle.static.Program``."""
+    if isinstance(program, paddle.pir.Program):
+        return "pir"
+    if isinstance(program, paddle.base.framework.Program):
+        return "legacy"
+    raise GraphError(
+        f"program must be a paddle.static.Program or paddle.pir.Program, got {type(program).__name__}; "
+        "to quantize a saved model directory use qembed.quant_embedding_model"
+    )
+
+
+def quant_embedding(
+    program: Any, place: Any = None, config: Mapping[str, Any] | None = None, scope: Any = None
+) -> Any:
+    """Quantize the embedding tables of ``program`` (the seeds' API); returns the program.
+
+    As in PaddleSlim the program is rewritten in place (pass ``program.clone()`` to keep the
+    original). The float tables stay in ``scope`` (default: the global scope) under their
+    names; the int8 codes and scales are added as new parameters. ``place`` is accepted for
+    compatibility; tables are written on the CPU.
+    """
+    del place
+    family = program_family(program)
+    model = Model(program, [], [], scope or paddle.static.global_scope(), family)  # type: ignore[arg-type]
+    quantize_tables(open_graph(model), config)
+    return program
+
+
+def quant_embedding_model(
+    model_dir: str | os.PathLike[str],
+    save_dir: str | os.PathLike[str],
+    config: Mapping[str, Any] | None = None,
+    model_filename: str | None = None,
+    params_filename: str | None = None,
+    save_model_filename: str | None = None,
+    save_params_filename: str | None = None,
+) -> tuple[ModelFiles, list[TableReport]]:
+    """Quantize a saved model's tables into ``save_dir`` (same family and file layout by default).
+
+    The input files are never modified. Returns where the output went and one report per table.
+    """
+    model = load_model(model_dir, model_filename, params_filename)
+    graph = open_graph(model)
+    reports = quantize_tables(graph, config)
+    source = model.source
+    assert source is not None
+    if save_model_filename is None:
+        save_model_filename = source.model_file.name
+        save_params_filename = source.params_file.name if source.params_file else None
+    return graph.save(save_dir, save_model_filename, save_params_filename), reports
+
+
+def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> list[TableReport]:
+    """Rewrite every matched lookup of ``graph``; one :class:`TableReport` per table."""
+    cfg = EmbeddingConfig.from_dict(config)
+    tables: dict[str, list[OpRef]] = {}
+    for op in graph.ops(cfg.op_types):
+        if op.seed_type in UNSUPPORTED_OPS:
+            raise GraphError(
+                f"cannot quantize the table of {op.seed_type} op {op!r}: {UNSUPPORTED_OPS[op.seed_type]}; "
+                f"remove {op.seed_type!r} from quantize_op_types to quantize the other tables"
+            )
+        weight = graph.weight_operand(op)
+        if weight is not None:  # None: the table is not a float parameter (already quantized)
+            tables.setdefault(weight.name, []).append(op)
+    _check_found(tables, cfg)
+    reports = []
+    for name, ops in tables.items():
+        if cfg.params_names is not None and name not in cfg.params_names:
+            continue
+        table_cfg: TableConfig = cfg.tables[ops[0].seed_type or ""]
+        table = graph.get_param(name)
+        choice = choose_table_quantization(
+            table, table_cfg.quantize_type, table_cfg.quantize_bits, table_cfg.per_row, table_cfg.threshold
+        )
+        for op in ops:
+            graph.quantize_lookup(op, choice.table.codes, choice.table.scales, log=choice.table.quantize_type == "log")
+        reports.append(TableReport(name, tuple(sorted({o.seed_type or "" for o in ops})), table.shape, choice))
+    return reports
+
+
+def _check_found(tables: Mapping[str, list[OpRef]], cfg: EmbeddingConfig) -> None:
+    if not tables:
+        raise GraphError(
+            f"no {' / '.join(cfg.op_types)} op with a float parameter table in the program; check "
+            "quantize_op_types (fused_embedding_seq_pool cannot occur: Paddle 3 no longer registers it)"
+        )
+    for name in cfg.params_names or ():
+        if name not in tables:
+            raise GraphError(
+                f"table {name!r} (params_name) is not read by any {' / '.join(cfg.op_types)} op"
+                f"{did_you_mean(name, tables)}; tables found: {', '.join(sorted(tables))}"
+            )

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+
+from qcore.testing import EMBEDDING_INPUT_SPEC, FORMATS, TinyEmbeddingNet, save_tiny_net
+
+VOCAB, DIM = 2000, 32
+
+
+@pytest.fixture(scope="session")
+def emb_net() -> TinyEmbeddingNet:
+    """A table that dominates the model, with a few hot rows of large norm as real tables have."""
+    paddle.seed(0)
+    net = TinyEmbeddingNet(VOCAB, DIM)
+    table = np.random.default_rng(0).normal(0, 0.05, (VOCAB, DIM)).astype(np.float32)
+    table[1:20] *= 10
+    table[0] = 0  # padding row
+    net.emb.weight.set_value(table)
+    net.eval()
+    return net
+
+
+@pytest.fixture(scope="session")
+def ids() -> np.ndarray:
+    rng = np.random.default_rng(1)
+    batch = rng.integers(0, VOCAB, (32, 6)).astype(np.int64)
+    batch[:4, :3] = np.arange(1, 13).reshape(4, 3)  # hot rows
+    batch[4] = 0  # all padding
+    return batch
+
+
+@pytest.fixture(scope="session", params=FORMATS)
+def emb_model(request, emb_net, tmp_path_factory):
+    """(directory, load kwargs, format) of the embedding net in every on-disk format."""
+    directory = tmp_path_factory.mktemp("emb") / request.param
+    return directory, save_tiny_net(emb_net, directory, request.param, EMBEDDING_INPUT_SPEC), request.param

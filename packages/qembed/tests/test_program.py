@@ -1,0 +1,186 @@
+"""quant_embedding / quant_embedding_model on saved models of every format and in-memory programs."""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+
+from qcore.errors import ConfigError, GraphError
+from qcore.graph import open_graph
+from qcore.inference import predict
+from qcore.model_io import find_model_files, load_model
+from qembed import quant_embedding, quant_embedding_model
+
+VOCAB, DIM = 2000, 32  # TinyEmbeddingNet's table in conftest.py
+
+
+def _float_run(emb_model, ids, table=None):
+    """Executor output of the float model, optionally with its table replaced by ``table``."""
+    directory, kwargs, _ = emb_model
+    graph = open_graph(load_model(directory, **kwargs))
+    if table is not None:
+        (op,) = graph.ops(["lookup_table"])
+        graph.replace_weight(graph.weight_operand(op), table)
+    return graph.run({"ids": ids})[0]
+
+
+def _params_bytes(files):
+    if files.params_file is not None:
+        return files.params_file.stat().st_size
+    return sum(p.stat().st_size for p in files.directory.iterdir() if p != files.model_file)
+
+
+# measured output errors (relative L2 vs the float model): 0.031, 0.157, 0.100
+@pytest.mark.parametrize("config,max_err", [
+    ({"quantize_op_types": ["lookup_table"], "lookup_table": {"quantize_type": "abs_max"}}, 0.05),
+    ({"lookup_table": {"quantize_type": "log", "per_row": True}}, 0.25),
+    ({"quantize_bits": 4, "per_row": True}, 0.15),
+])
+def test_saved_model_runs_quantized_in_executor_and_inference(emb_model, ids, tmp_path, config, max_err):
+    directory, kwargs, fmt = emb_model
+    files, (report,) = quant_embedding_model(directory, tmp_path / "q", config, **kwargs)
+    assert report.shape == (VOCAB, DIM) and report.op_types == ("lookup_table",)
+    assert files.family == find_model_files(directory, **kwargs).family
+    assert (files.params_file is None) == (fmt == "legacy_separate")  # the input's file layout is kept
+    # the program computes exactly the float model on the dequantized table ...
+    expected = _float_run(emb_model, ids, report.choice.table.rows(np.arange(VOCAB)))
+    params_name = files.params_file.name if files.params_file else None
+    quantized = load_model(files.directory, files.model_file.name, params_name)
+    np.testing.assert_allclose(quantized.run({"ids": ids})[0], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(predict(files, {"ids": ids})[0], expected, rtol=1e-5, atol=1e-6)
+    # ... which is close to the float model
+    reference = _float_run(emb_model, ids)
+    err = np.linalg.norm(expected - reference) / np.linalg.norm(reference)
+    assert err < max_err, err
+    # and the file holds int8 codes: about 1/4 of the float parameters
+    ratio = _params_bytes(files) / _params_bytes(find_model_files(directory, **kwargs))
+    assert 0.24 < ratio < 0.3, ratio
+
+
+def test_abs_max_codes_and_scale_are_hand_computed(emb_model, emb_net, tmp_path):
+    directory, kwargs, _ = emb_model
+    table = emb_net.emb.weight.numpy()
+    _, (report,) = quant_embedding_model(directory, tmp_path / "q", {"params_name": "embedding_0.w_0"}, **kwargs)
+    scale = np.abs(table).max() / 127
+    np.testing.assert_allclose(report.choice.table.scales, [scale], rtol=1e-6)
+    np.testing.assert_array_equal(report.choice.table.codes, np.rint(table / scale).astype(np.int8))
+    assert not report.choice.per_row  # the seeds' default: one scale for the table
+
+
+def test_threshold_clips_and_auto_picks_per_row(emb_model, tmp_path):
+    directory, kwargs, _ = emb_model
+    _, (clipped,) = quant_embedding_model(directory, tmp_path / "q", {"threshold": 0.1}, **kwargs)
+    assert clipped.choice.table.scales[0] == pytest.approx(0.1 / 127, rel=1e-6)
+    assert np.abs(clipped.choice.table.rows(np.arange(VOCAB))).max() == pytest.approx(0.1, rel=1e-6)
+    _, (auto,) = quant_embedding_model(directory, tmp_path / "q", {"lookup_table": {"per_row": "auto"}}, **kwargs)
+    # the hot rows set a coarse step for every row with one scale; per-row scales fix that
+    assert auto.choice.per_row and auto.choice.per_row_error < 0.5 * auto.choice.whole_table_error
+    assert auto.quantized_bytes == VOCAB * DIM + VOCAB * 4
+
+
+def _static_program(family, op_type="lookup_table_v2"):
+    """A program built with paddle.static (the seeds' way), its scope, feed and output."""
+    guard = paddle.pir_utils.OldIrGuard() if family == "legacy" else paddle.pir_utils.IrGuard()
+    paddle.enable_static()
+    with guard:
+        main, startup, scope = paddle.static.Program(), paddle.static.Program(), paddle.static.Scope()
+        with paddle.static.program_guard(main, startup), paddle.static.scope_guard(scope):
+            if op_type == "lookup_table":  # Paddle 1.x's op, hand-written into the ProgramDesc
+                word = paddle.static.data("word", [None, 1], "int64")
+                emb = paddle.static.create_parameter([100, 8], "float32", name="emb")
+                out = main.global_block().create_var(name="looked_up", dtype="float32", shape=[-1, 8])
+                main.global_block().append_op(
+                    type="lookup_table", inputs={"Ids": [word], "W": [emb]}, outputs={"Out": [out]},
+                    attrs={"padding_idx": -1},
+                )
+                both = out + 0.0
+            else:
+                word = paddle.static.data("word", [None, 1], "int64")
+                attr = paddle.ParamAttr(name="emb", initializer=paddle.nn.initializer.Uniform(-0.5, 0.5))
+                if family == "legacy":
+                    both = paddle.static.nn.embedding(word, size=[100, 8], param_attr=attr) * 2.0
+                else:  # paddle.static.nn.embedding only builds legacy programs
+                    emb = paddle.static.create_parameter([100, 8], "float32", attr=attr)
+                    both = paddle.nn.functional.embedding(word, emb) * 2.0
+            exe = paddle.static.Executor(paddle.CPUPlace())
+            exe.run(startup)
+            scope.var("emb").get_tensor().set(
+                np.random.default_rng(0).uniform(-0.5, 0.5, (100, 8)).astype("float32"), paddle.CPUPlace()
+            )
+    return main, scope, both, exe, guard
+
+
+@pytest.mark.parametrize("family,op_type", [("pir", "embedding"), ("legacy", "lookup_table_v2"),
+                                            ("legacy", "lookup_table")])
+def test_seed_api_on_an_in_memory_program(family, op_type):
+    main, scope, out, exe, guard = _static_program(family, op_type)
+    word = np.array([[3], [99], [3]], np.int64)
+    with guard, paddle.static.scope_guard(scope):
+        before = exe.run(main, feed={"word": word}, fetch_list=[out])[0]
+        returned = quant_embedding(main, paddle.CPUPlace(), {"params_name": "emb", "quantize_type": "abs_max"}, scope)
+        after = exe.run(main, feed={"word": word}, fetch_list=[out])[0]
+    assert returned is main
+    step = 2.0 * np.abs(np.array(scope.find_var("emb").get_tensor())).max() / 127
+    assert np.abs(after - before).max() <= step / 2 + 1e-6
+    assert not np.array_equal(after, before)
+    assert np.array(scope.find_var("emb.quantized").get_tensor()).dtype == np.int8
+    paddle.disable_static()
+
+
+def test_shared_table_is_stored_once(tmp_path, ids):
+    class TwoTowers(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.emb = paddle.nn.Embedding(VOCAB, DIM)
+
+        def forward(self, a, b):
+            return (self.emb(a) * self.emb(b)).sum(-1)
+
+    paddle.seed(0)
+    spec = [paddle.static.InputSpec([None, 6], "int64", n) for n in ("a", "b")]
+    paddle.jit.save(TwoTowers(), str(tmp_path / "m" / "inference"), input_spec=spec)
+    files, (report,) = quant_embedding_model(tmp_path / "m", tmp_path / "q")
+    graph = open_graph(load_model(files.directory))
+    assert [n for n in graph.param_names() if graph.get_param(n).shape == (VOCAB, DIM)] == [report.name + ".quantized"]
+    np.testing.assert_allclose(
+        predict(files, {"a": ids, "b": ids[::-1]})[0], graph.run({"a": ids, "b": ids[::-1]})[0], rtol=1e-5, atol=1e-6
+    )
+
+
+def test_bad_input(emb_model, tmp_path):
+    directory, kwargs, _ = emb_model
+    with pytest.raises(ConfigError, match="did you mean 'lookup_table'"):
+        quant_embedding_model(directory, tmp_path / "q", {"quantize_op_types": ["lookup_tabel"]}, **kwargs)
+    with pytest.raises(GraphError, match="'embedding_0_w_0' .*did you mean 'embedding_0.w_0'"):
+        quant_embedding_model(directory, tmp_path / "q", {"params_name": "embedding_0_w_0"}, **kwargs)
+    for bits in (1, 9, 16):
+        with pytest.raises(ConfigError, match="quantize_bits=.*from 2 to 8"):
+            quant_embedding_model(directory, tmp_path / "q", {"quantize_bits": bits}, **kwargs)
+    with pytest.raises(ConfigError, match="did you mean 'threshold'"):
+        quant_embedding_model(directory, tmp_path / "q", {"lookup_table": {"treshold": 1.0}}, **kwargs)
+    with pytest.raises(ConfigError, match="threshold"):
+        quant_embedding_model(directory, tmp_path / "q", {"threshold": -1}, **kwargs)
+    with pytest.raises(ConfigError, match="dtype"):
+        quant_embedding_model(directory, tmp_path / "q", {"dtype": "int4"}, **kwargs)
+    with pytest.raises(GraphError, match="no pyramid_hash op"):
+        quant_embedding_model(directory, tmp_path / "q", {"quantize_op_types": ["pyramid_hash"]}, **kwargs)
+    with pytest.raises(GraphError, match="paddle.static.Program"):
+        quant_embedding("not a program", None)
+    assert not (tmp_path / "q").exists()
+
+
+def test_pyramid_hash_is_refused_by_name():
+    """Paddle 3.3.1 builds pyramid_hash programs, but its CPU kernel rejects an int8 table."""
+    paddle.enable_static()
+    with paddle.pir_utils.OldIrGuard():
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup):
+            x = paddle.static.data("x", [None, 1], "int32", lod_level=1)
+            paddle.incubate.layers.search_pyramid_hash(
+                x, num_emb=8, space_len=1000, pyramid_layer=3, rand_len=8, drop_out_percent=0.0,
+                is_training=False, use_filter=False, white_list_len=1, black_list_len=1, seed=1, lr=0.0,
+            )
+        with pytest.raises(GraphError, match="pyramid_hash.*int8 W.*remove 'pyramid_hash' from quantize_op_types"):
+            quant_embedding(main, None, None, paddle.static.Scope())
+    paddle.disable_static()
