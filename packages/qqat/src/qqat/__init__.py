@@ -1,14 +1,17 @@
 """qqat: quantization-aware training for Paddle 3.
 
-First slice of issue 3: differentiable fake quantization with a straight-through estimator
-(:func:`fake_quantize_ste`) and the PACT learnable clip (:func:`pact_clip`). Dygraph QAT
-layer wrapping, static ``quant_aware`` and ``convert`` are not yet implemented.
+* Dygraph: ``QAT(config).quantize(model)`` wraps Conv2D / Linear layers with straight-through
+  fake quantization (optionally PACT), ``QAT.save_quantized_model`` exports the deployable
+  QDQ model (PIR ``.json`` or legacy ``.pdmodel``) with the learned thresholds.
+* Static: ``quant_aware(program, ...)`` adds fake-quant ops to a training or test program,
+  ``convert(program, ...)`` freezes the learned scales into the deployable form.
 """
 
 from __future__ import annotations
 
+from .dygraph import QAT
 from .fake_quant import fake_quantize_ste, pact_clip
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "fake_quantize_ste", "pact_clip"]
+__all__ = ["QAT", "__version__", "fake_quantize_ste", "pact_clip"]

@@ -1,0 +1,160 @@
+"""Dygraph quantization-aware training: ``QAT(config).quantize(model)`` and its export.
+
+``quantize`` replaces every quantizable sublayer, in its parent, by a :class:`QuantedLayer`
+(fake-quantized input and weight, straight-through gradients). Training is then ordinary
+dygraph training. ``save_quantized_model`` exports the float network (the wrapped layers
+put back for the duration), opens the export with ``qcore.graph`` and applies the same
+rewrite post-training quantization uses (:func:`qcore.graph.quantize_op`) with the learned
+thresholds, so QAT and PTQ write one deployable format.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import paddle
+from paddle import nn
+
+from qcore.config import QuantConfig
+from qcore.errors import ConfigError, QuantError
+from qcore.graph import Graph, OpRef, open_graph, quantize_op
+from qcore.model_io import ModelFiles, load_model
+from qcore.paddle_env import FAMILIES
+
+from .config import dygraph_config
+from .layers import QuantedLayer, layer_kind
+
+log = logging.getLogger(__name__)
+WEIGHTED_OPS = ("conv2d", "depthwise_conv2d", "conv2d_transpose", "mul")
+
+
+def quanted_layers(model: nn.Layer) -> dict[str, QuantedLayer]:
+    """Every :class:`QuantedLayer` inside ``model``, by its sublayer path."""
+    return {name: layer for name, layer in model.named_sublayers() if isinstance(layer, QuantedLayer)}
+
+
+class QAT:
+    """Quantization-aware training of a dygraph model (the seeds' ``paddleslim.QAT``).
+
+    ``config`` takes the keys of ``qcore.config.DYGRAPH_CONFIG_DEFAULT``; missing keys get the
+    defaults, unknown keys and bad values raise :class:`qcore.errors.ConfigError`.
+    """
+
+    def __init__(self, config: Mapping[str, Any] | QuantConfig | None = None) -> None:
+        self.config = dygraph_config(config)
+
+    def quantize(self, model: nn.Layer) -> nn.Layer:
+        """Wrap every layer of ``quantizable_layer_type`` in place; returns ``model``.
+
+        A layer with the attribute ``skip_quant = True`` is left float. Already wrapped
+        layers are not wrapped twice.
+        """
+        if not isinstance(model, nn.Layer):
+            raise QuantError(f"quantize expects a paddle.nn.Layer, got {type(model).__name__}")
+        if layer_kind(model) is not None:
+            raise QuantError("quantize wraps sublayers in place; pass the network that holds the layer")
+        wanted = set(self.config.quantizable_layer_type)
+        for parent in [model, *model.sublayers()]:
+            if isinstance(parent, QuantedLayer):
+                continue
+            for name, child in list(parent.named_children()):
+                if layer_kind(child) in wanted and not getattr(child, "skip_quant", False):
+                    setattr(parent, name, QuantedLayer(child, self.config))
+        if not quanted_layers(model):
+            log.warning("no layer of %s found: nothing to quantize", sorted(wanted))
+        return model
+
+    def save_quantized_model(
+        self,
+        model: nn.Layer,
+        path: str | os.PathLike[str],
+        input_spec: Sequence[Any] | None = None,
+        *,
+        family: Literal["pir", "legacy"] = "pir",
+        fold_bn: bool | None = None,
+    ) -> ModelFiles:
+        """Export ``model`` with its learned scales in the deployable QDQ form.
+
+        ``path`` is a prefix as for ``paddle.jit.save``: ``<path>.json`` + ``<path>.pdiparams``
+        (``family='pir'``) or ``<path>.pdmodel`` + ``<path>.pdiparams`` (``family='legacy'``,
+        int8-stored weights that Paddle Inference runs with oneDNN int8 kernels). Conv +
+        batch_norm pairs are folded when every weight is quantized per channel (``fold_bn=None``;
+        folding is then exact); the file is written atomically. The model is not changed.
+        """
+        if family not in FAMILIES:
+            raise ConfigError(f"family={family!r} is not valid; valid choices: 'pir', 'legacy'")
+        wrapped = quanted_layers(model)
+        if not wrapped:
+            raise QuantError("the model has no quantized layer; call QAT(config).quantize(model) and train first")
+        per_channel = all(w.per_channel for w in wrapped.values())
+        fold = per_channel if fold_bn is None else fold_bn
+        if fold and not per_channel:
+            raise ConfigError("fold_bn=True needs weight_quantize_type='channel_wise_abs_max' without weight PACT")
+        prefix = Path(path)
+        with tempfile.TemporaryDirectory(prefix="qqat-export-") as tmp:
+            _export_float(model, Path(tmp) / "model", input_spec, family)
+            graph = open_graph(load_model(tmp))
+            targets = _match_ops(graph, wrapped)
+            if fold:
+                graph.fold_conv_bn()
+            for layer, op in targets:
+                quantize_op(
+                    graph, op, layer.activation_threshold(),
+                    weight_bits=self.config.weight_bits, activation_bits=self.config.activation_bits,
+                    per_channel=layer.per_channel, weight_thresholds=None if fold else layer.weight_thresholds(),
+                )  # fmt: skip
+            suffix = ".json" if family == "pir" else ".pdmodel"
+            return graph.save(prefix.parent, prefix.name + suffix, prefix.name + ".pdiparams")
+
+
+@contextlib.contextmanager
+def _unwrapped(model: nn.Layer) -> Iterator[None]:
+    """Put every wrapped layer back in its parent for the body; restore the wrappers after."""
+    swaps = []
+    for parent in [model, *model.sublayers()]:
+        for name, child in list(parent.named_children()):
+            if isinstance(child, QuantedLayer):
+                swaps.append((parent, name, child))
+    training = model.training
+    try:
+        for parent, name, wrapper in swaps:
+            setattr(parent, name, wrapper.layer)
+        model.eval()
+        yield
+    finally:
+        for parent, name, wrapper in swaps:
+            setattr(parent, name, wrapper)
+        if training:
+            model.train()
+
+
+def _export_float(model: nn.Layer, prefix: Path, input_spec: Sequence[Any] | None, family: str) -> None:
+    with _unwrapped(model):
+        if family == "legacy":
+            with paddle.pir_utils.DygraphOldIrGuard():
+                paddle.jit.save(model, str(prefix), input_spec=input_spec)
+        else:
+            paddle.jit.save(model, str(prefix), input_spec=input_spec)
+
+
+def _match_ops(graph: Graph, wrapped: dict[str, QuantedLayer]) -> list[tuple[QuantedLayer, OpRef]]:
+    """Pair each wrapped layer with the exported op that reads its weight parameter."""
+    by_weight: dict[str, OpRef] = {}
+    for op in graph.ops(list(WEIGHTED_OPS)):
+        weight = graph.weight_operand(op)
+        if weight is not None:
+            by_weight.setdefault(weight.name, op)
+    pairs = []
+    for name, layer in wrapped.items():
+        op = by_weight.get(layer.layer.weight.name)
+        if op is None:
+            log.warning("layer %s (%s) is not in the exported forward; skipped", name, layer.layer.weight.name)
+            continue
+        pairs.append((layer, op))
+    return pairs

@@ -1,0 +1,168 @@
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+from conftest import IMAGE_SPEC, logits
+
+from qcore.errors import ConfigError, QuantError
+from qcore.graph import open_graph
+from qcore.inference import predict
+from qcore.model_io import load_model
+from qcore.quant import fake_quantize
+from qcore.testing import TinyConvNet, sample_input
+from qqat import QAT
+from qqat.layers import QuantedLayer
+from qqat.quanters import FakeQuanter, PACTQuanter
+
+FLOAT_TOP1 = 86.0  # the bundled demo model on the 2000 test images
+PTQ_DEPLOYED_TOP1 = {"KL": 86.00, "abs_max": 85.70, "hist": 85.90, "mse": 85.90}  # qptq, docs/methods/ptq-static.md
+TINY_SPEC = [paddle.static.InputSpec([None, 1, 8, 8], "float32", "x")]
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"weight_quantize_typ": "abs_max"}, "did you mean 'weight_quantize_type'"),
+        ({"not_quant_pattern": ["x"]}, "not accepted here"),
+        ({"weight_bits": "8"}, "weight_bits='8' is not valid"),
+        ({"moving_rate": 1.5}, "moving_rate=1.5"),
+        ({"activation_preprocess_type": "pact"}, "did you mean 'PACT'"),
+        ({"quantizable_layer_type": ["Conv2d"]}, "did you mean 'Conv2D'"),
+        ({"dtype": "uint8"}, "use 'int8'"),
+        (["weight_bits"], "config must be a dict"),
+    ],
+)
+def test_config_errors(config, message):
+    with pytest.raises(ConfigError, match=message):
+        QAT(config)
+
+
+def test_quantize_wraps_in_place_and_honours_skip_quant():
+    net = TinyConvNet()
+    net.dw.skip_quant = True
+    assert QAT().quantize(net) is net
+    assert isinstance(net.conv, QuantedLayer) and isinstance(net.fc, QuantedLayer)
+    assert not isinstance(net.dw, QuantedLayer)
+    QAT().quantize(net)  # idempotent
+    assert isinstance(net.conv.layer, paddle.nn.Conv2D)
+    linear_only = TinyConvNet()
+    QAT({"quantizable_layer_type": ["Linear"]}).quantize(linear_only)
+    assert isinstance(linear_only.fc, QuantedLayer) and not isinstance(linear_only.conv, QuantedLayer)
+    with pytest.raises(QuantError, match="pass the network"):
+        QAT().quantize(paddle.nn.Linear(2, 2))
+
+
+def test_wrapped_forward_and_ste_gradients_match_hand_computation():
+    paddle.seed(1)
+    fc = paddle.nn.Linear(6, 3)
+    wrapper = QuantedLayer(fc, QAT().config)
+    x = paddle.to_tensor(np.random.default_rng(0).normal(size=(5, 6)).astype("float32"))
+    x.stop_gradient = False
+    out = wrapper(x)  # training mode: the activation threshold is this batch's abs max
+    w = fc.weight.numpy()
+    w_fq = fake_quantize(w, np.abs(w).max(axis=0), 8, axis=1)
+    x_fq = fake_quantize(x.numpy(), np.abs(x.numpy()).max(), 8)
+    np.testing.assert_allclose(out.numpy(), x_fq @ w_fq + fc.bias.numpy(), atol=1e-5)
+    out.sum().backward()
+    # straight-through: gradients are those of the float op evaluated at the fake-quantized values
+    np.testing.assert_allclose(fc.weight.grad.numpy(), np.repeat(x_fq.sum(0)[:, None], 3, 1), atol=1e-5)
+    np.testing.assert_allclose(x.grad.numpy(), np.repeat(w_fq.sum(1)[None, :], 5, 0), atol=1e-5)
+
+
+def test_moving_average_and_range_thresholds_follow_paddles_rules():
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(0, s, 40).astype("float32") for s in (1.0, 3.0, 0.5)]
+    maxes = [float(np.abs(b).max()) for b in batches]
+    moving = FakeQuanter("moving_average_abs_max", 8, moving_rate=0.9)
+    window = FakeQuanter("range_abs_max", 8, window_size=2)
+    for b in batches:
+        moving(paddle.to_tensor(b))
+        window(paddle.to_tensor(b))
+    accum = state = 0.0
+    for m in maxes:
+        accum, state = 0.9 * accum + m, 0.9 * state + 1
+    assert moving.export_threshold()[0] == pytest.approx(accum / state, rel=1e-6)
+    assert window.export_threshold()[0] == pytest.approx(max(maxes[-2:]), rel=1e-6)
+    moving.eval()  # eval uses the stored threshold, not the batch
+    out = moving(paddle.to_tensor(batches[1])).numpy()
+    np.testing.assert_allclose(out, fake_quantize(np.clip(batches[1], -accum / state, accum / state),
+                                                  accum / state, 8), atol=1e-6)
+
+
+def test_pact_alpha_is_trained_and_moves():
+    paddle.seed(0)
+    net = TinyConvNet()
+    QAT({"activation_preprocess_type": "PACT", "weight_preprocess_type": "PACT"}).quantize(net)
+    assert isinstance(net.fc.act_quanter, PACTQuanter) and isinstance(net.conv.weight_quanter, PACTQuanter)
+    x = paddle.to_tensor(sample_input(32))
+    target = paddle.to_tensor(np.random.default_rng(3).integers(0, 10, 32))
+    opt = paddle.optimizer.Adam(learning_rate=0.01, parameters=net.parameters())
+    net.train()
+    loss_fn = paddle.nn.functional.cross_entropy
+    loss_fn(net(x), target).backward()  # first call sets alpha to the abs max seen
+    start = {name: float(q.alpha.numpy()[0]) for name, q in _pacts(net)}
+    assert all(float(q.alpha.grad.numpy()[0]) != 0.0 for _, q in _pacts(net))
+    opt.clear_grad()
+    for _ in range(30):
+        loss_fn(net(x), target).backward()
+        opt.step()
+        opt.clear_grad()
+    moved = {name: abs(float(q.alpha.numpy()[0]) - start[name]) / start[name] for name, q in _pacts(net)}
+    assert all(m > 0.004 for m in moved.values()), moved  # every clip bound moved
+    assert max(moved.values()) > 0.1, moved  # and some by more than 10 %
+
+
+def _pacts(net):
+    return [(n, q) for n, q in net.named_sublayers() if isinstance(q, PACTQuanter)]
+
+
+@pytest.mark.parametrize("family", ["pir", "legacy"])
+@pytest.mark.parametrize("config", [{}, {"activation_preprocess_type": "PACT", "weight_quantize_type": "abs_max"}])
+def test_save_runs_in_executor_and_inference_like_the_qat_model(tmp_path, family, config):
+    paddle.seed(0)
+    net = TinyConvNet()
+    qat = QAT(config)
+    qat.quantize(net)
+    x = sample_input(16)
+    net.train()
+    for _ in range(3):  # a few forward passes to collect activation statistics
+        net(paddle.to_tensor(x))
+    reference = logits(net, x)
+    files = qat.save_quantized_model(net, tmp_path / "out" / "model", TINY_SPEC, family=family)
+    assert files.model_file.name == ("model.json" if family == "pir" else "model.pdmodel")
+    assert isinstance(net.conv, QuantedLayer) and not net.training  # wrappers restored
+    graph = open_graph(load_model(files.directory))
+    types = graph.op_types()
+    if family == "pir":
+        assert types.count("pd_op.fake_quantize_dequantize_moving_average_abs_max") == 3
+    else:
+        assert types.count("quantize_linear") == 3 and types.count("dequantize_linear") == 6
+    assert any("batch_norm" in t for t in types) == (config != {})  # bn folded only when per channel
+    executor = graph.run({"x": x})[0]
+    deployed = predict(files, {"x": x})[0]
+    scale = np.abs(reference).max()
+    assert np.abs(executor - reference).max() < 0.02 * scale
+    assert np.abs(deployed - reference).max() < 0.05 * scale
+
+
+def test_save_needs_a_quantized_model(tmp_path):
+    with pytest.raises(QuantError, match="call QAT"):
+        QAT().save_quantized_model(TinyConvNet(), tmp_path / "m", TINY_SPEC)
+    with pytest.raises(ConfigError, match="family"):
+        QAT().save_quantized_model(TinyConvNet(), tmp_path / "m", TINY_SPEC, family="onnx")
+
+
+def test_qat_recovers_float_accuracy_on_the_demo(trained_qat, demo_test, tmp_path):
+    """300 steps of batch 64 from the float model: deployed int8 within 0.3 points of float."""
+    qat, net = trained_qat
+    x, y = demo_test
+    simulated = logits(net, x)
+    top1 = lambda z: float((z.argmax(1) == y).mean() * 100)  # noqa: E731
+    assert top1(simulated) >= FLOAT_TOP1 - 0.3
+    for family in ("legacy", "pir"):
+        files = qat.save_quantized_model(net, tmp_path / family / "model", IMAGE_SPEC, family=family)
+        deployed = predict(files, {"image": x})[0]  # oneDNN + int8 switch on
+        assert top1(deployed) >= FLOAT_TOP1 - 0.3, family
+        assert top1(deployed) >= PTQ_DEPLOYED_TOP1["abs_max"]
+        assert (deployed.argmax(1) == simulated.argmax(1)).mean() > 0.98
