@@ -192,3 +192,12 @@ def test_log_quantize_per_channel_and_small_values():
         log_quantize(x, 9)
     with pytest.raises(DataError, match="log_quantize"):
         log_dequantize(codes, {"bits": 3})
+
+
+def test_log_quantize_with_a_given_absmax_matches_whole_tensor_chunks():
+    x = RNG.standard_normal((100, 8))
+    whole, meta = log_quantize(x, 8)
+    chunks = [log_quantize(x[i : i + 30], 8, absmax=meta["absmax"])[0] for i in range(0, 100, 30)]
+    np.testing.assert_array_equal(np.concatenate(chunks), whole)
+    clipped, _ = log_quantize(np.array([4.0, -1.0, 0.5]), 8, absmax=1.0)  # above absmax: top level
+    np.testing.assert_array_equal(clipped, [1, -1, 2])

@@ -115,23 +115,27 @@ def abs_max(x: ArrayLike, axis: int | None = None) -> float | NDArray[np.float64
     return a.max(axis=tuple(i for i in range(a.ndim) if i != ax))
 
 
-def log_quantize(x: ArrayLike, bits: int = 8, axis: int | None = None) -> tuple[NDArray[np.int8], dict[str, Any]]:
+def log_quantize(
+    x: ArrayLike, bits: int = 8, axis: int | None = None, absmax: ArrayLike | None = None
+) -> tuple[NDArray[np.int8], dict[str, Any]]:
     """Sign + power-of-two codes relative to the abs max (per tensor, or per channel along ``axis``).
 
     Scheme: code 0 is zero; a code ``c != 0`` stands for ``sign(c) * absmax * 2**-(|c| - 1)``, so
     ``|c| - 1`` is an exponent ``e`` in ``0..qmax(bits) - 1``. ``|x|`` goes to the nearer of its two
     bracketing powers of two in the linear domain (the split is at 3/4 of the upper one), so the
     relative error is at most 1/3 for ``|x| >= absmax * 2**-(qmax-1)``; smaller values go to that
-    smallest level or to 0, whichever is nearer. ``bits`` is 2..8 (codes are int8). Returns
-    ``(codes, meta)`` where ``meta`` holds ``scheme``, ``bits``, ``axis`` and ``absmax``.
+    smallest level or to 0, whichever is nearer. ``bits`` is 2..8 (codes are int8). ``absmax``
+    overrides the reference (e.g. the abs max of a whole table quantized chunk by chunk); values
+    above it get the top level. Returns ``(codes, meta)`` where ``meta`` holds ``scheme``,
+    ``bits``, ``axis`` and ``absmax``.
     """
     qm = qmax(bits)
     if bits > 8:
         raise ConfigError(f"log_quantize stores int8 codes; use bits from 2 to 8, not {bits}")
     a = as_finite(x, "x")
-    m = abs_max(a, axis)
+    m = abs_max(a, axis) if absmax is None else absmax
     mb = _broadcast(m, a.shape, axis, "absmax")
-    ratio = np.abs(a) / np.where(mb > 0, mb, 1.0)
+    ratio = np.minimum(np.abs(a) / np.where(mb > 0, mb, 1.0), 1.0)
     frac, exp = np.frexp(ratio)  # ratio = frac * 2**exp with frac in [0.5, 1)
     e = np.where(frac >= 0.75, -exp, 1 - exp)
     emax = qm - 1
