@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import resource
 import subprocess
 import sys
 import textwrap
@@ -9,7 +8,9 @@ import numpy as np
 import pytest
 
 from qcore.errors import ConfigError, DataError
-from qembed import quantize_npy, quantize_table
+from qcore.quant import quantize
+from qembed import choose_table_quantization, quantize_npy, quantize_table
+from qembed.table import dequantize_npy, load_quantized_npy, pack_int4, unpack_int4
 
 
 @pytest.fixture(scope="module")
@@ -75,17 +76,75 @@ def test_bad_input():
         quantize_table(np.array([[np.nan, 1.0]]))
 
 
-def test_npy_chunked_matches_in_memory(table, tmp_path):
+def test_float32_codes_match_qcore_quantize(table):
+    """The fast float32 path follows qcore.quant's convention; only exact ties may differ by one."""
+    for per_row in (False, True):
+        q = quantize_table(table, per_row=per_row)
+        reference = quantize(table, q.scales if per_row else q.scales[0], 8, 0 if per_row else None)
+        diff = np.abs(q.codes.astype(int) - reference)
+        assert diff.max() <= 1 and (diff == 0).mean() > 0.9999
+
+
+def test_sixteen_bit_codes(table):
+    q = quantize_table(table, bits=16, per_row=True)
+    assert q.codes.dtype == np.int16 and np.abs(q.codes).max() == 32767
+    assert np.abs(q.dequantize() - table).max() <= q.scales.max() / 2 * 1.001
+
+
+@pytest.mark.parametrize("dim", [16, 15])
+def test_int4_packing_round_trip(table, dim):
+    q = quantize_table(table[:, :dim], bits=4, per_row=True)
+    assert np.abs(q.codes).max() == 7
+    packed = q.packed_int4()
+    assert packed.codes.dtype == np.uint8 and packed.codes.shape == (len(table), (dim + 1) // 2)
+    np.testing.assert_array_equal(unpack_int4(pack_int4(q.codes), dim), q.codes)
+    np.testing.assert_array_equal(packed.rows([5, 3, 999]), q.rows([5, 3, 999]))
+    with pytest.raises(DataError, match="4 bits"):
+        quantize_table(table, bits=8).packed_int4()
+
+
+def test_auto_granularity_is_measured(table):
+    skewed = choose_table_quantization(table)  # hot rows: per-row scales win clearly
+    assert skewed.per_row and skewed.per_row_error < 0.3 * skewed.whole_table_error
+    even = np.random.default_rng(2).uniform(-1, 1, (50, 8)).astype(np.float32)
+    even[:, 0] = 1.0
+    flat = choose_table_quantization(even)  # every row has the same abs max: nothing to gain
+    assert not flat.per_row and flat.per_row_error == pytest.approx(flat.whole_table_error)
+    assert flat.table.scales.shape == (1,)
+
+
+@pytest.mark.parametrize("quantize_type,bits,per_row", [
+    ("abs_max", 8, True), ("abs_max", 8, False), ("abs_max", 4, True), ("log", 8, True), ("log", 6, False),
+])
+def test_npy_chunked_matches_in_memory(table, tmp_path, quantize_type, bits, per_row):
     np.save(tmp_path / "t.npy", table)
-    scales = quantize_npy(tmp_path / "t.npy", tmp_path / "q.npy", chunk_rows=128)
-    whole = quantize_table(table, per_row=True)
-    np.testing.assert_array_equal(np.load(tmp_path / "q.npy"), whole.codes)
-    np.testing.assert_allclose(scales, whole.scales)
-    np.testing.assert_allclose(np.load(tmp_path / "q.scales.npy"), whole.scales)
+    on_disk = quantize_npy(tmp_path / "t.npy", tmp_path / "q.npy", quantize_type, bits, per_row, chunk_rows=128)
+    whole = quantize_table(table, quantize_type, bits, per_row)
+    ids = np.array([[0, 999], [17, 5]])
+    np.testing.assert_array_equal(on_disk.rows(ids), whole.rows(ids))
+    np.testing.assert_allclose(on_disk.scales, whole.scales)
+    assert isinstance(on_disk.codes, np.memmap)
+    assert on_disk.packed == (bits <= 4)
+    np.testing.assert_array_equal(load_quantized_npy(tmp_path / "q.npy").dequantize(), whole.dequantize())
+    dequantize_npy(tmp_path / "q.npy", tmp_path / "back.npy", chunk_rows=100)
+    np.testing.assert_array_equal(np.load(tmp_path / "back.npy"), whole.dequantize())
 
 
-def test_npy_table_larger_than_rss_budget_stays_bounded(tmp_path):
-    """A 256 MiB fp32 table is quantized in 16 MiB chunks; peak RSS grows far less than the table."""
+def test_npy_bad_input(tmp_path):
+    bad = np.ones((10, 4), np.float32)
+    bad[7, 1] = np.nan
+    np.save(tmp_path / "bad.npy", bad)
+    with pytest.raises(DataError, match="1 NaN/Inf"):
+        quantize_npy(tmp_path / "bad.npy", tmp_path / "q.npy", chunk_rows=3)
+    np.save(tmp_path / "one.npy", np.ones(3, np.float32))
+    with pytest.raises(DataError, match="2-D"):
+        quantize_npy(tmp_path / "one.npy", tmp_path / "q.npy")
+    with pytest.raises(DataError, match="not written by qembed"):
+        load_quantized_npy(tmp_path / "one.npy")
+
+
+def test_npy_table_four_times_the_memory_budget_stays_bounded(tmp_path):
+    """A 256 MiB fp32 table with a 64 MiB budget: peak RSS grows by less than the budget."""
     rows, dim = 1 << 20, 64
     path = tmp_path / "big.npy"
     big = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, dim))
@@ -96,10 +155,11 @@ def test_npy_table_larger_than_rss_budget_stays_bounded(tmp_path):
     script = textwrap.dedent(f"""
         import resource, numpy, qembed
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        qembed.quantize_npy({str(path)!r}, {str(tmp_path / 'q.npy')!r}, chunk_rows=65536)
+        q = qembed.quantize_npy({str(path)!r}, {str(tmp_path / 'q.npy')!r}, chunk_rows=16384)
+        q.rows(numpy.arange(0, {rows}, 997))
         print(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     """)
     before, after = map(int, subprocess.check_output([sys.executable, "-c", script]).split())
-    table_kib = rows * dim * 4 // 1024
-    assert after - before < table_kib / 2, (before, after, table_kib)
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss > 0
+    budget_kib = rows * dim * 4 // 1024 // 4
+    assert after - before < budget_kib, (before, after, budget_kib)
+    assert (tmp_path / "q.npy").stat().st_size < rows * dim * 1.01

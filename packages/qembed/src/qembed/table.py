@@ -1,13 +1,19 @@
 """Quantizing embedding tables as plain arrays, for teams that keep tables outside Paddle.
 
 A table is a 2-D float array (rows = ids). ``abs_max`` stores int codes with one scale for the
-whole table or one per row; ``log`` stores sign + power-of-two exponent codes. Tables given as
-``.npy`` files are processed in chunks of rows through memory maps, so a table larger than
-memory is quantized with bounded resident memory.
+whole table or one per row; ``log`` stores sign + power-of-two exponent codes
+(:func:`qcore.quant.log_quantize`). Codes of 4 bits or fewer can be packed two per byte.
+
+abs_max runs in float32 on cache-sized blocks (``codes = clip(rint(x / scale), -qmax, qmax)``,
+the convention of :mod:`qcore.quant`, which computes in float64 and may differ by one code on
+exact ties) so one core quantizes about 1 GB/s of fp32 table. ``.npy`` tables are processed in
+chunks with plain reads and writes, so a table larger than memory is quantized with bounded RSS,
+and a quantized ``.npy`` table opens as a memory map whose lookups read only the requested rows.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,40 +24,140 @@ from numpy.typing import ArrayLike, NDArray
 from qcore.config import validate_bits, validate_choice
 from qcore.constants import EMBEDDING_QUANTIZE_TYPES
 from qcore.errors import DataError
-from qcore.quant import (
-    abs_max,
-    as_finite,
-    dequantize,
-    log_dequantize,
-    log_quantize,
-    quantize,
-    scale_from_threshold,
-)
+from qcore.quant import log_dequantize, log_quantize, qmax
+
+BLOCK_ROWS = 1024  # rows per float32 work block: keeps the temporaries in cache
 
 
 @dataclass
 class QuantizedTable:
-    """Integer codes of a table plus what is needed to dequantize any subset of rows."""
+    """Integer codes of a table plus what is needed to dequantize any subset of rows.
+
+    ``codes`` is int8 ``[rows, dim]``, or uint8 ``[rows, ceil(dim / 2)]`` when ``packed`` (two
+    4-bit codes per byte, low nibble first). It may be a read-only memory map.
+    """
 
     codes: NDArray[np.integer]
-    scales: NDArray[np.float32]  # one per row, or a single value
+    scales: NDArray[np.float32]  # one per row, or a single value (log: the abs max)
     quantize_type: str
     bits: int
+    dim: int | None = None  # defaults to codes.shape[1]; needed when packed with an odd dim
+    packed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dim is None:
+            self.dim = int(self.codes.shape[1]) * (2 if self.packed else 1)
+
+    @property
+    def per_row(self) -> bool:
+        return self.scales.size > 1
 
     def rows(self, ids: ArrayLike) -> NDArray[np.float32]:
         """Dequantize only the looked-up rows (what a quantized lookup does)."""
         idx = np.asarray(ids, dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= len(self.codes)):
             raise DataError(f"ids must be in [0, {len(self.codes)}); got {idx.min()}..{idx.max()}")
-        codes = self.codes[idx].reshape(-1, self.codes.shape[1])
-        per_row = self.scales.size > 1
-        scales = self.scales[idx.reshape(-1)] if per_row else self.scales[0]
-        if self.quantize_type == "log":
-            meta = {"scheme": "log2", "absmax": scales, "axis": 0 if per_row else None}
-            rows = log_dequantize(codes, meta)
+        flat = idx.reshape(-1)
+        codes = np.asarray(self.codes[flat])
+        if self.packed:
+            codes = unpack_int4(codes, self.dim)
+        scales = self.scales[flat] if self.per_row else self.scales[:1]
+        return _dequantize(codes, scales, self.quantize_type).reshape(*idx.shape, self.dim)
+
+    def dequantize(self) -> NDArray[np.float32]:
+        """The whole float32 table."""
+        return self.rows(np.arange(len(self.codes)))
+
+    def packed_int4(self) -> QuantizedTable:
+        """The same table with two codes per byte (for ``bits <= 4``): half the bytes."""
+        if self.bits > 4:
+            raise DataError(f"only codes of up to 4 bits fit in a nibble; this table has {self.bits}")
+        if self.packed:
+            return self
+        return QuantizedTable(pack_int4(self.codes), self.scales, self.quantize_type, self.bits, self.dim, True)
+
+
+def pack_int4(codes: NDArray[np.integer]) -> NDArray[np.uint8]:
+    """Pack int codes in -8..7 two per byte along the last axis (low nibble first)."""
+    c = np.asarray(codes, np.int8)
+    if c.shape[-1] % 2:
+        c = np.concatenate([c, np.zeros((*c.shape[:-1], 1), np.int8)], axis=-1)
+    nibbles = c.view(np.uint8) & 0x0F
+    return (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).astype(np.uint8)
+
+
+def unpack_int4(packed: NDArray[np.uint8], dim: int) -> NDArray[np.int8]:
+    """Inverse of :func:`pack_int4` (sign-extends each nibble); keeps the first ``dim`` codes."""
+    p = np.asarray(packed, np.uint8)
+    out = np.empty((*p.shape[:-1], p.shape[-1] * 2), np.int8)
+    out[..., 0::2] = (p << 4).view(np.int8) >> 4
+    out[..., 1::2] = p.view(np.int8) >> 4
+    return out[..., :dim]
+
+
+def _dequantize(codes: NDArray[np.integer], scales: NDArray[np.float32], quantize_type: str) -> NDArray[np.float32]:
+    per_row = scales.size > 1
+    if quantize_type == "log":
+        meta = {"scheme": "log2", "absmax": scales if per_row else scales[0], "axis": 0 if per_row else None}
+        return log_dequantize(codes, meta)
+    return codes.astype(np.float32) * (scales[:, None] if per_row else scales[0])
+
+
+def _check_finite(table: NDArray[np.float32], absmax: float | NDArray[np.float32], name: str) -> None:
+    """NaN/Inf anywhere makes the abs max non-finite, so checking the maxima is enough."""
+    if not np.isfinite(absmax).all():
+        bad = int(np.count_nonzero(~np.isfinite(table)))
+        raise DataError(f"{name} contains {bad} NaN/Inf value(s); clean the table first")
+
+
+def _row_absmax(block: NDArray[np.float32], work: NDArray[np.float32]) -> NDArray[np.float32]:
+    """Per-row max of |x|, by halving the row width with elementwise maxima (fast for short rows)."""
+    np.abs(block, out=work)
+    width = work.shape[1]
+    while width > 1:
+        half = width // 2
+        np.maximum(work[:, :half], work[:, width - half : width], out=work[:, :half])
+        width -= half
+    return work[:, 0].copy()
+
+
+def _abs_max_codes(
+    table: NDArray[np.float32], bits: int, per_row: bool, threshold: float | None, global_absmax: float | None
+) -> tuple[NDArray[np.int8], NDArray[np.float32]]:
+    """float32 abs_max codes, block by block; ``global_absmax`` fixes a whole-table scale."""
+    qm = qmax(bits)
+    rows, dim = table.shape
+    codes = np.empty((rows, dim), np.int8 if bits <= 8 else np.int16)
+    scales = np.empty(rows if per_row else 1, np.float32)
+    if not per_row:
+        top = global_absmax if global_absmax is not None else _table_absmax(table, "embedding table")
+        scales[0] = (min(top, threshold) if threshold else top) / qm
+    work = np.empty((min(BLOCK_ROWS, rows), dim), np.float32)
+    for start in range(0, rows, BLOCK_ROWS):
+        block = table[start : start + BLOCK_ROWS]
+        buf = work[: len(block)]
+        if per_row:
+            top = _row_absmax(block, buf)
+            _check_finite(block, top, "embedding table")
+            if threshold:
+                np.minimum(top, threshold, out=top)
+            scale = scales[start : start + len(block)]
+            np.divide(top, qm, out=scale)
+            step = np.where(scale > 0, scale, np.float32(1))[:, None]
         else:
-            rows = dequantize(codes, scales, 0 if per_row else None)
-        return rows.reshape(*idx.shape, self.codes.shape[1])
+            step = scales[0] if scales[0] > 0 else np.float32(1)
+        np.divide(block, step, out=buf)
+        np.rint(buf, out=buf)
+        if threshold:
+            np.clip(buf, -qm, qm, out=buf)
+        np.copyto(codes[start : start + len(block)], buf, casting="unsafe")
+    return codes, scales
+
+
+def _table_absmax(table: NDArray[np.float32], name: str) -> float:
+    top = np.float32(max(float(table.max()), -float(table.min())))
+    _check_finite(table, top, name)
+    return float(top)
 
 
 def quantize_table(
@@ -60,27 +166,36 @@ def quantize_table(
     bits: int = 8,
     per_row: bool = False,
     threshold: float | None = None,
+    *,
+    global_absmax: float | None = None,
 ) -> QuantizedTable:
-    """Quantize a whole table in memory; ``threshold`` clips values first (the seeds' option)."""
+    """Quantize a whole table in memory; ``threshold`` clips values first (the seeds' option).
+
+    ``global_absmax`` (whole-table scale only) sets the abs max instead of measuring it, so a
+    table can be quantized chunk by chunk with one scale.
+    """
     validate_choice("quantize_type", quantize_type, EMBEDDING_QUANTIZE_TYPES)
     validate_bits("quantize_bits", bits, 2, 8 if quantize_type == "log" else 16)
-    values = as_finite(table, "embedding table")
-    if values.ndim != 2:
-        raise DataError(f"an embedding table must be 2-D (rows, dim); got shape {values.shape}")
-    if threshold is not None:
-        if not threshold > 0:
-            raise DataError(f"threshold must be > 0, got {threshold}")
-        values = np.clip(values, -threshold, threshold)
-    axis = 0 if per_row else None
-    if quantize_type == "log":
-        codes, meta = log_quantize(values, bits, axis=axis)
-        return QuantizedTable(codes, np.asarray(meta["absmax"], np.float32).reshape(-1), "log", bits)
-    scales = np.atleast_1d(np.asarray(scale_from_threshold(abs_max(values, axis), bits), np.float64))
-    codes = quantize(values, scales if per_row else scales[0], bits, axis)
-    scales = scales.astype(np.float32)
-    return QuantizedTable(codes, scales, "abs_max", bits)
+    values = np.asarray(table, dtype=np.float32)
+    if values.ndim != 2 or values.size == 0:
+        raise DataError(f"an embedding table must be a non-empty 2-D array (rows, dim); got shape {values.shape}")
+    if threshold is not None and not threshold > 0:
+        raise DataError(f"threshold must be > 0, got {threshold}")
+    if quantize_type == "abs_max":
+        codes, scales = _abs_max_codes(values, bits, per_row, threshold, global_absmax)
+        return QuantizedTable(codes, scales, "abs_max", bits)
+    if per_row:
+        absmax = _row_absmax(values, np.empty_like(values))
+        _check_finite(values, absmax, "embedding table")
+    else:
+        absmax = np.float32(global_absmax if global_absmax is not None else _table_absmax(values, "embedding table"))
+    if threshold:
+        absmax = np.minimum(absmax, np.float32(threshold))
+    codes, _ = log_quantize(values, bits, axis=0 if per_row else None, absmax=absmax)
+    return QuantizedTable(codes, np.asarray(absmax, np.float32).reshape(-1), "log", bits)
 
 
+# ---- choosing whole-table vs per-row scales -------------------------------------------------
 @dataclass(frozen=True)
 class TableChoice:
     """A quantized table and the measured error of both scale granularities.
@@ -104,8 +219,7 @@ def relative_error(table: ArrayLike, quantized: QuantizedTable) -> float:
     """``||dequantized - table|| / ||table||`` (0 for an all-zero table)."""
     values = np.asarray(table, np.float32)
     norm = float(np.linalg.norm(values))
-    back = quantized.rows(np.arange(len(values)))
-    return float(np.linalg.norm(back - values)) / norm if norm else 0.0
+    return float(np.linalg.norm(quantized.dequantize() - values)) / norm if norm else 0.0
 
 
 def choose_table_quantization(
@@ -118,47 +232,110 @@ def choose_table_quantization(
     """Quantize ``table`` with one scale and with per-row scales, measure both, keep one.
 
     ``per_row`` True or False forces the granularity; ``"auto"`` picks per-row scales when
-    their error is at most ``AUTO_PER_ROW_GAIN`` times the whole-table error.
+    their error is below ``AUTO_PER_ROW_GAIN`` times the whole-table error.
     """
     whole = quantize_table(table, quantize_type, bits, False, threshold)
     rows = quantize_table(table, quantize_type, bits, True, threshold)
     whole_err, row_err = relative_error(table, whole), relative_error(table, rows)
     if per_row == "auto":
-        per_row = row_err <= AUTO_PER_ROW_GAIN * whole_err
+        per_row = row_err < AUTO_PER_ROW_GAIN * whole_err
     return TableChoice(rows if per_row else whole, bool(per_row), whole_err, row_err)
+
+
+# ---- .npy tables larger than memory --------------------------------------------------------
+def _meta_path(dst: str | os.PathLike[str]) -> Path:
+    return Path(str(Path(dst).with_suffix("")) + ".qembed.json")
+
+
+def _scales_path(dst: str | os.PathLike[str]) -> Path:
+    return Path(str(Path(dst).with_suffix("")) + ".scales.npy")
 
 
 def quantize_npy(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
+    quantize_type: str = "abs_max",
     bits: int = 8,
+    per_row: bool = True,
+    threshold: float | None = None,
     chunk_rows: int = 65536,
-) -> NDArray[np.float32]:
-    """Per-row abs_max quantization of a ``.npy`` table into ``dst`` (int codes ``.npy``), in chunks.
+    pack: bool = True,
+) -> QuantizedTable:
+    """Quantize the ``.npy`` table ``src`` into ``dst`` chunk by chunk; returns it memory-mapped.
 
-    Returns the per-row scales (also saved next to ``dst`` as ``<stem>.scales.npy``). Only
-    ``chunk_rows`` rows are resident at a time, so the table may be larger than memory.
+    Writes ``dst`` (int8 codes, or uint8 with two 4-bit codes per byte when ``bits <= 4`` and
+    ``pack``), ``<stem>.scales.npy`` and ``<stem>.qembed.json`` (how to read them back, see
+    :func:`load_quantized_npy`). Only ``chunk_rows`` rows are resident at a time (a whole-table
+    scale takes one extra read pass for the abs max), so the table may be larger than memory.
     """
     shape, source_dtype, source_offset = _npy_layout(src)
     if len(shape) != 2:
         raise DataError(f"{src}: an embedding table must be 2-D (rows, dim); got shape {shape}")
+    validate_choice("quantize_type", quantize_type, EMBEDDING_QUANTIZE_TYPES)
+    validate_bits("quantize_bits", bits, 2, 8)
     rows, dim = shape
-    dtype = np.dtype(np.int8 if bits <= 8 else np.int16)
-    np.lib.format.open_memmap(dst, mode="w+", dtype=dtype, shape=shape).flush()
+    packed = pack and bits <= 4
+    out_shape = (rows, (dim + 1) // 2) if packed else (rows, dim)
+    global_absmax = None if per_row else _npy_absmax(src, shape, source_dtype, source_offset, chunk_rows)
+    np.lib.format.open_memmap(dst, mode="w+", dtype=np.uint8 if packed else np.int8, shape=out_shape).flush()
     _, _, target_offset = _npy_layout(dst)
-    scales = np.empty(rows, np.float32)
+    scales = np.empty(rows if per_row else 1, np.float32)
     # plain reads and writes, not memory maps: mapped pages would count against RSS
     with open(src, "rb") as fin, open(dst, "r+b") as fout:
         fin.seek(source_offset)
         fout.seek(target_offset)
+        for start, chunk in _chunks(fin, source_dtype, rows, dim, chunk_rows):
+            q = quantize_table(chunk, quantize_type, bits, per_row, threshold, global_absmax=global_absmax)
+            fout.write((q.packed_int4() if packed else q).codes.tobytes())
+            if per_row:
+                scales[start : start + len(chunk)] = q.scales
+            else:
+                scales[0] = q.scales[0]
+    np.save(_scales_path(dst), scales)
+    meta = {"quantize_type": quantize_type, "bits": bits, "dim": dim, "packed": packed}
+    _meta_path(dst).write_text(json.dumps(meta))
+    return load_quantized_npy(dst)
+
+
+def load_quantized_npy(path: str | os.PathLike[str]) -> QuantizedTable:
+    """Open a table written by :func:`quantize_npy`; codes stay on disk as a read-only memory map."""
+    meta_file = _meta_path(path)
+    if not meta_file.is_file():
+        raise DataError(f"{meta_file} not found; {path} was not written by qembed.quantize_npy")
+    meta = json.loads(meta_file.read_text())
+    codes = np.load(path, mmap_mode="r")
+    return QuantizedTable(codes, np.load(_scales_path(path)), meta["quantize_type"], meta["bits"], meta["dim"],
+                          meta["packed"])
+
+
+def dequantize_npy(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], chunk_rows: int = 65536
+) -> None:
+    """Write the float32 table of a :func:`quantize_npy` output to ``dst``, chunk by chunk."""
+    table = load_quantized_npy(src)
+    rows = len(table.codes)
+    np.lib.format.open_memmap(dst, mode="w+", dtype=np.float32, shape=(rows, table.dim)).flush()
+    _, _, offset = _npy_layout(dst)
+    with open(dst, "r+b") as fout:
+        fout.seek(offset)
         for start in range(0, rows, chunk_rows):
-            n = min(chunk_rows, rows - start)
-            chunk = np.fromfile(fin, dtype=source_dtype, count=n * dim).reshape(n, dim)
-            quantized = quantize_table(chunk, "abs_max", bits, per_row=True)
-            fout.write(quantized.codes.astype(dtype, copy=False).tobytes())
-            scales[start : start + n] = quantized.scales
-    np.save(Path(dst).with_suffix("").as_posix() + ".scales.npy", scales)
-    return scales
+            fout.write(table.rows(np.arange(start, min(start + chunk_rows, rows))).tobytes())
+
+
+def _chunks(fin, dtype: np.dtype, rows: int, dim: int, chunk_rows: int):  # type: ignore[no-untyped-def]
+    for start in range(0, rows, chunk_rows):
+        n = min(chunk_rows, rows - start)
+        yield start, np.fromfile(fin, dtype=dtype, count=n * dim).reshape(n, dim)
+
+
+def _npy_absmax(src: str | os.PathLike[str], shape: tuple[int, ...], dtype: np.dtype, offset: int,
+                chunk_rows: int) -> float:
+    top = 0.0
+    with open(src, "rb") as fin:
+        fin.seek(offset)
+        for _, chunk in _chunks(fin, dtype, shape[0], shape[1], chunk_rows):
+            top = max(top, _table_absmax(np.asarray(chunk, np.float32), f"{src}"))
+    return top
 
 
 def _npy_layout(path: str | os.PathLike[str]) -> tuple[tuple[int, ...], np.dtype, int]:
