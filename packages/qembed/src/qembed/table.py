@@ -111,14 +111,9 @@ def _check_finite(table: NDArray[np.float32], absmax: float | NDArray[np.float32
 
 
 def _row_absmax(block: NDArray[np.float32], work: NDArray[np.float32]) -> NDArray[np.float32]:
-    """Per-row max of |x|, by halving the row width with elementwise maxima (fast for short rows)."""
+    """Per-row max of |x| (``work`` is a scratch buffer of ``block``'s shape)."""
     np.abs(block, out=work)
-    width = work.shape[1]
-    while width > 1:
-        half = width // 2
-        np.maximum(work[:, :half], work[:, width - half : width], out=work[:, :half])
-        width -= half
-    return work[:, 0].copy()
+    return work.max(axis=1)
 
 
 def _abs_max_codes(
@@ -323,9 +318,13 @@ def dequantize_npy(
 
 
 def _chunks(fin, dtype: np.dtype, rows: int, dim: int, chunk_rows: int):  # type: ignore[no-untyped-def]
+    """Consecutive row chunks read into one reused buffer (fresh buffers would page-fault every time)."""
+    buffer = np.empty((min(chunk_rows, rows), dim), dtype)
     for start in range(0, rows, chunk_rows):
-        n = min(chunk_rows, rows - start)
-        yield start, np.fromfile(fin, dtype=dtype, count=n * dim).reshape(n, dim)
+        chunk = buffer[: min(chunk_rows, rows - start)]
+        if fin.readinto(memoryview(chunk).cast("B")) != chunk.nbytes:
+            raise DataError(f"{fin.name} ends before its {rows} rows; the file is truncated")
+        yield start, chunk
 
 
 def _npy_absmax(src: str | os.PathLike[str], shape: tuple[int, ...], dtype: np.dtype, offset: int,
