@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from .dygraph import QAT
 from .fake_quant import fake_quantize_ste, pact_clip
+from .static import convert, int8_values, quant_aware
 
 __version__ = "0.1.0"
 
-__all__ = ["QAT", "__version__", "fake_quantize_ste", "pact_clip"]
+__all__ = ["QAT", "__version__", "convert", "fake_quantize_ste", "int8_values", "pact_clip", "quant_aware"]

@@ -1,0 +1,248 @@
+"""Static-graph quantization-aware training on PIR programs: ``quant_aware`` and ``convert``.
+
+``quant_aware`` puts fake-quant ops in front of every quantized op of a *forward* program:
+
+* training program (``for_test=False``): activations go through
+  ``pd_op.fake_quantize_dequantize_moving_average_abs_max_`` (its accum/state are written
+  back to persistable variables each step), weights through
+  ``pd_op.fake_channel_wise_quantize_dequantize_abs_max`` (or the per-tensor
+  ``fake_quantize_dequantize_abs_max``). Both have straight-through gradients registered in
+  Paddle, so ``optimizer.minimize`` called *afterwards* builds a backward through them.
+* test program (``for_test=True``): the same weight op and the activation op with
+  ``is_test=True``, reading the scale the training program learns (shared by name in the
+  scope). This activation op is exactly the deployable PIR form ``qcore.graph`` writes.
+
+``convert`` freezes a trained test program: the weight fake-quant ops go away and each
+weight becomes a float parameter holding its quantize-dequantized values (``save_int8``:
+also a copy with int8-stored weights, the form ``qcore.graph.Graph.quantize_weight`` writes).
+
+PIR builds the backward when ``optimizer.minimize`` runs, so ``quant_aware`` must be called
+on the forward program *before* ``minimize`` (and the test program cloned before both).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import paddle
+
+from qcore.config import QuantConfig
+from qcore.errors import GraphError, QuantError
+from qcore.graph import Graph, Operand, OpRef, open_graph
+from qcore.model_io import Model
+from qcore.paddle_env import cpu_executor, static_mode
+from qcore.quant import abs_max, fake_quantize
+
+from .config import static_config
+
+log = logging.getLogger(__name__)
+Hook = Callable[[Any], Any] | None
+
+_ACT_OP = "pd_op.fake_quantize_dequantize_moving_average_abs_max"
+_WEIGHT_OPS = ("pd_op.fake_channel_wise_quantize_dequantize_abs_max", "pd_op.fake_quantize_dequantize_abs_max")
+_ROUND_HALF_EVEN = 0  # Paddle's round_type 0, what qcore.quant uses
+_INT8_MAPS: dict[Any, Any] = {}  # int8 program -> IrMapping from the converted program
+
+
+def _check_program(program: Any, what: str) -> None:
+    if isinstance(program, paddle.pir.Program):
+        return
+    if isinstance(program, paddle.static.CompiledProgram):
+        raise QuantError(f"{what} takes the Program, not a CompiledProgram; pass the program you compiled")
+    raise QuantError(
+        f"{what} works on PIR programs (paddle.pir.Program, Paddle 3's default); got {type(program).__name__}. "
+        "Build the program without OldIrGuard / FLAGS_enable_pir_api=0"
+    )
+
+
+def _graph(program: Any, scope: Any) -> Graph:
+    return open_graph(Model(program, [], [], scope or paddle.static.global_scope(), "pir"))
+
+
+def _targets(graph: Graph, cfg: QuantConfig) -> list[tuple[OpRef, Operand | None, list[Operand]]]:
+    """(op, weight operand, activation operands) of every op to quantize, read before any edit."""
+    return [
+        (op, graph.weight_operand(op), graph.activation_operands(op))
+        for op in graph.ops(cfg.effective_op_types, skip_patterns=cfg.not_quant_pattern)
+    ]
+
+
+class _Builder:
+    """Builds fake-quant ops into a PIR program just before a given op."""
+
+    def __init__(self, program: Any, scope: Any, cfg: QuantConfig, for_test: bool) -> None:
+        self.program, self.cfg, self.for_test = program, cfg, for_test
+        self.scope = scope or paddle.static.global_scope()
+        self.startup = paddle.static.Program()
+
+    def state(self, name: str, value: float) -> Any:
+        param = paddle.static.create_parameter(
+            [1], "float32", name=name, default_initializer=paddle.nn.initializer.Constant(value)
+        )
+        param.stop_gradient = True
+        return param
+
+    def activation(self, x: Any, name: str, hooks: tuple[Hook, Hook]) -> Any:
+        preprocess, quantize = hooks
+        if preprocess is not None:
+            x = preprocess(x)
+        if quantize is not None:
+            return quantize(x)
+        cfg = self.cfg
+        scale = self.state(f"{name}@scale", 0.0)
+        accum, state = self.state(f"{name}@accum", 0.0), self.state(f"{name}@state", 0.0)
+        if self.for_test:
+            return paddle._C_ops.fake_quantize_dequantize_moving_average_abs_max(
+                x, scale, accum, state, cfg.moving_rate, cfg.activation_bits, True, _ROUND_HALF_EVEN
+            )[0]
+        out, _, new_state, new_accum = paddle._C_ops.fake_quantize_dequantize_moving_average_abs_max_(
+            x, scale, accum, state, cfg.moving_rate, cfg.activation_bits, False, _ROUND_HALF_EVEN
+        )
+        paddle._C_ops.assign_out_(new_state, state)
+        paddle._C_ops.assign_out_(new_accum, accum)
+        return out
+
+    def weight(self, w: Any, axis: int | None, hooks: tuple[Hook, Hook]) -> Any:
+        preprocess, quantize = hooks
+        if preprocess is not None:
+            w = preprocess(w)
+        if quantize is not None:
+            return quantize(w)
+        bits = self.cfg.weight_bits
+        if self.cfg.weight_quantize_type == "channel_wise_abs_max" and axis is not None:
+            return paddle._C_ops.fake_channel_wise_quantize_dequantize_abs_max(w, bits, _ROUND_HALF_EVEN, axis)[0]
+        return paddle._C_ops.fake_quantize_dequantize_abs_max(w, bits, _ROUND_HALF_EVEN)[0]
+
+    def initialise(self, executor: Any) -> None:
+        """Initialise the variables this call created (hooks' parameters too).
+
+        The startup runs in a scratch scope and only variables missing from ``scope`` are
+        copied over, so quantizing the test program never resets what training learned.
+        """
+        scratch = paddle.static.Scope()
+        with paddle.static.scope_guard(scratch):
+            (executor or cpu_executor()).run(self.startup)
+        for name in scratch.local_var_names():
+            if self.scope.find_var(name) is None:
+                value = np.array(scratch.find_var(name).get_tensor())
+                self.scope.var(name).get_tensor().set(value, paddle.CPUPlace())
+
+
+def quant_aware(
+    program: Any,
+    place: Any,
+    config: Mapping[str, Any] | QuantConfig | None,
+    scope: Any = None,
+    for_test: bool = False,
+    weight_quantize_func: Hook = None,
+    act_quantize_func: Hook = None,
+    weight_preprocess_func: Hook = None,
+    act_preprocess_func: Hook = None,
+    optimizer_func: Callable[[], Any] | None = None,
+    executor: Any = None,
+) -> Any:
+    """Insert fake quantization into a PIR forward ``program`` in place and return it.
+
+    Call it on the training program *before* ``optimizer.minimize`` and on the test program
+    (cloned with ``clone(for_test=True)`` before both) with ``for_test=True``. The hooks take
+    and return a ``paddle.pir.Value`` and replace (``*_quantize_func``) or precede
+    (``*_preprocess_func``) the built-in quantization; parameters they create are initialised
+    right away with ``executor`` (a CPU executor when None) and are trained by the program's
+    own ``minimize``, which is why ``optimizer_func`` is not needed under PIR (see the docs).
+    ``place`` is accepted for compatibility; the executor decides the device.
+    """
+    _check_program(program, "quant_aware")
+    cfg = static_config(config)
+    if optimizer_func is not None:
+        log.info("optimizer_func is not used under PIR: minimize() after quant_aware trains the hooks' parameters")
+    graph = _graph(program, scope)
+    targets = _targets(graph, cfg)
+    if not targets:
+        log.warning("no op of %s found in the program: nothing to quantize", list(cfg.effective_op_types))
+    builder = _Builder(program, scope, cfg, for_test)
+    done: dict[str, Any] = {}
+    with static_mode("pir", builder.scope), paddle.static.program_guard(program, builder.startup):
+        for op, weight, activations in targets:
+            paddle.pir.set_insertion_point(op.raw)
+            for i, act in enumerate(activations):
+                if act.name not in done:  # a tensor several ops read is quantized once
+                    name = f"{weight.name}@act{i}" if weight is not None else f"{act.name}@act"
+                    done[act.name] = builder.activation(act.value, name, (act_preprocess_func, act_quantize_func))
+                op.raw.operand(act.index).set_source(done[act.name])
+            if weight is not None:
+                axis = graph.weight_channel_axis(op)
+                hooks = (weight_preprocess_func, weight_quantize_func)
+                op.raw.operand(weight.index).set_source(builder.weight(weight.value, axis, hooks))
+        paddle.pir.set_insertion_point_to_block_end(program.global_block())
+    builder.initialise(executor)
+    return program
+
+
+def _strip_weight_quant(graph: Graph) -> None:
+    """Make each op read its float weight again; drop the weight fake-quant ops."""
+    block = graph.model.program.global_block()
+    for raw in [op for op in block.ops if op.name() in _WEIGHT_OPS]:
+        raw.result(0).replace_all_uses_with(raw.operand_source(0))
+        block.remove_op(raw)
+
+
+def convert(
+    program: Any,
+    place: Any,
+    config: Mapping[str, Any] | QuantConfig | None,
+    scope: Any = None,
+    save_int8: bool = False,
+) -> Any:
+    """Freeze a trained test program (from ``quant_aware(..., for_test=True)``) in place.
+
+    Returns the program, whose weights are float parameters holding quantize-dequantized
+    values and whose activations go through the frozen QDQ op. With ``save_int8`` returns
+    ``(program, int8_program)``; the second stores int8 weights (a quarter of the size) and
+    runs in the executor and ``paddle.inference`` too. Get its feed/fetch values for
+    ``paddle.static.save_inference_model`` with :func:`int8_values`.
+    """
+    _check_program(program, "convert")
+    cfg = static_config(config)
+    scope = scope or paddle.static.global_scope()
+    acts = [op for op in program.global_block().ops if op.name() in (_ACT_OP, _ACT_OP + "_")]
+    if any(not op.attrs()["is_test"] for op in acts):
+        raise QuantError("convert takes the test program: call quant_aware(test_program, ..., for_test=True)")
+    if not acts:
+        raise QuantError("the program has no fake-quant op; call quant_aware(program, ..., for_test=True) first")
+    graph = _graph(program, scope)
+    with static_mode("pir", scope):
+        _strip_weight_quant(graph)
+        targets = [(op, w) for op, w, _ in _targets(graph, cfg) if w is not None]
+        int8 = None
+        if save_int8:
+            mapping = paddle.pir.IrMapping()
+            int8 = program.clone(mapping)
+            _INT8_MAPS[int8] = mapping
+            int8_graph = _graph(int8, scope)
+            for op, weight, _ in _targets(int8_graph, cfg):
+                if weight is not None:
+                    int8_graph.quantize_weight(weight, cfg.weight_bits, _axis(int8_graph, op, cfg))
+        for op, weight in targets:
+            w = graph.get_param(weight.name)
+            axis = _axis(graph, op, cfg)
+            graph.replace_weight(weight, fake_quantize(w, abs_max(w, axis), cfg.weight_bits, axis), "quant_dequant")
+    return (program, int8) if save_int8 else program
+
+
+def _axis(graph: Graph, op: OpRef, cfg: QuantConfig) -> int | None:
+    return graph.weight_channel_axis(op) if cfg.weight_quantize_type == "channel_wise_abs_max" else None
+
+
+def int8_values(int8_program: Any, values: Iterable[Any]) -> list[Any]:
+    """The values of ``int8_program`` (from ``convert(save_int8=True)``) matching ``values``
+    of the converted program, e.g. the feed and fetch values for ``save_inference_model``."""
+    mapping = _INT8_MAPS.get(int8_program)
+    if mapping is None:
+        raise GraphError("int8_program does not come from convert(..., save_int8=True) in this process")
+    return [mapping.look_up(v) for v in values]
+
+
+__all__ = ["convert", "int8_values", "quant_aware"]
