@@ -93,6 +93,18 @@ def test_train_program_gets_fake_quant_with_gradients_and_moving_average_state()
     assert np.abs(net.param("conv_a.w_0") - w0).max() > 1e-4  # gradients reached the float weights
 
 
+def test_abs_max_activations_keep_the_last_batch_scale():
+    net = Net()
+    quant_aware(net.main, paddle.CPUPlace(), {"activation_quantize_type": "abs_max"}, scope=net.scope)
+    assert _types(net.main).count("pd_op.fake_quantize_dequantize_abs_max") == 3
+    net.minimize()
+    x, y = load_demo_data("train")
+    with paddle.static.scope_guard(net.scope):
+        for i in range(2):
+            net.exe.run(net.main, feed={"image": x[i * 64 : (i + 1) * 64], "label": y[i * 64 : (i + 1) * 64]})
+    assert net.param("conv_a.w_0@act0@scale")[0] == pytest.approx(float(np.abs(x[64:128]).max()), rel=1e-6)
+
+
 def test_test_program_convert_and_int8_agree_and_deploy(tmp_path):
     net = Net()
     quant_aware(net.main, paddle.CPUPlace(), CONFIG, scope=net.scope)

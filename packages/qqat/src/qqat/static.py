@@ -4,10 +4,14 @@
 
 * training program (``for_test=False``): activations go through
   ``pd_op.fake_quantize_dequantize_moving_average_abs_max_`` (its accum/state are written
-  back to persistable variables each step), weights through
-  ``pd_op.fake_channel_wise_quantize_dequantize_abs_max`` (or the per-tensor
-  ``fake_quantize_dequantize_abs_max``). Both have straight-through gradients registered in
-  Paddle, so ``optimizer.minimize`` called *afterwards* builds a backward through them.
+  back to persistable variables each step; ``activation_quantize_type='abs_max'`` uses
+  ``fake_quantize_dequantize_abs_max`` and keeps the last batch's scale; ``range_abs_max``
+  has no PIR op with a gradient and is trained as ``moving_average_abs_max``), weights through
+  ``pd_op.fake_channel_wise_quantize_dequantize_abs_max`` (``channel_wise_abs_max``) or the
+  per-tensor ``fake_quantize_dequantize_abs_max`` (every other weight type: weights change
+  every step, so a range or moving average of them only lags). All have straight-through
+  gradients registered in Paddle, so ``optimizer.minimize`` called *afterwards* builds a
+  backward through them.
 * test program (``for_test=True``): the same weight op and the activation op with
   ``is_test=True``, reading the scale the training program learns (shared by name in the
   scope). This activation op is exactly the deployable PIR form ``qcore.graph`` writes.
@@ -98,6 +102,10 @@ class _Builder:
             return paddle._C_ops.fake_quantize_dequantize_moving_average_abs_max(
                 x, scale, accum, state, cfg.moving_rate, cfg.activation_bits, True, _ROUND_HALF_EVEN
             )[0]
+        if cfg.activation_quantize_type == "abs_max":  # this batch's abs max; the test program reads the last
+            out, batch_scale = paddle._C_ops.fake_quantize_dequantize_abs_max(x, cfg.activation_bits, _ROUND_HALF_EVEN)
+            paddle._C_ops.assign_out_(batch_scale, scale)
+            return out
         out, _, new_state, new_accum = paddle._C_ops.fake_quantize_dequantize_moving_average_abs_max_(
             x, scale, accum, state, cfg.moving_rate, cfg.activation_bits, False, _ROUND_HALF_EVEN
         )
