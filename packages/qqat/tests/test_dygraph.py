@@ -3,7 +3,6 @@ from __future__ import annotations
 import numpy as np
 import paddle
 import pytest
-from conftest import IMAGE_SPEC, logits
 
 from qcore.errors import ConfigError, QuantError
 from qcore.graph import open_graph
@@ -12,6 +11,8 @@ from qcore.model_io import load_model
 from qcore.quant import fake_quantize
 from qcore.testing import TinyConvNet, sample_input
 from qqat import QAT
+from qqat.demo import DEMO_INPUT_SPEC
+from qqat.demo import predict_dygraph as logits
 from qqat.layers import QuantedLayer
 from qqat.quanters import FakeQuanter, PACTQuanter
 
@@ -161,7 +162,7 @@ def test_qat_recovers_float_accuracy_on_the_demo(trained_qat, demo_test, tmp_pat
     top1 = lambda z: float((z.argmax(1) == y).mean() * 100)  # noqa: E731
     assert top1(simulated) >= FLOAT_TOP1 - 0.3
     for family in ("legacy", "pir"):
-        files = qat.save_quantized_model(net, tmp_path / family / "model", IMAGE_SPEC, family=family)
+        files = qat.save_quantized_model(net, tmp_path / family / "model", DEMO_INPUT_SPEC, family=family)
         deployed = predict(files, {"image": x})[0]  # oneDNN + int8 switch on
         assert top1(deployed) >= FLOAT_TOP1 - 0.3, family
         assert top1(deployed) >= PTQ_DEPLOYED_TOP1["abs_max"]
