@@ -1,0 +1,57 @@
+"""``qcli qat``: quantization-aware fine-tuning of the bundled demo CNN, deployed and compared.
+
+QAT needs the network as Python layers and a training loop, so the command line can only
+train the model it ships: the Fashion-MNIST demo CNN. It shows the whole path (float ->
+QAT -> int8 file -> paddle.inference); your own models use ``qqat.QAT`` from Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from qcore.demo import demo_model_dir, load_demo_data
+from qcore.model_io import find_model_files
+
+from ..plugins import require
+from .demo import _evaluate
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("qat", help="quantization-aware fine-tuning of the bundled demo model, float vs int8 table")
+    p.add_argument("--steps", type=int, default=300, help="Adam steps of batch 64 on the demo train split")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--pact", action="store_true", help="PACT on activations (activation_preprocess_type='PACT')")
+    p.add_argument("--config", type=Path, default=None, help="a JSON file with a dygraph QAT config dict")
+    p.add_argument("--family", choices=["legacy", "pir"], default="legacy", help="IR family of the saved model")
+    p.add_argument("--out", type=Path, default=None, help="where to keep the int8 model (default: a temp dir)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    require("qat")
+    from qqat.demo import DEMO_INPUT_SPEC, finetune_demo, predict_dygraph
+
+    config = json.loads(args.config.read_text()) if args.config else {}
+    if args.pact:
+        config["activation_preprocess_type"] = "PACT"
+    x, y = load_demo_data("test")
+    qat, net, seconds = finetune_demo(config, args.steps, lr=args.lr)
+    simulated = float((predict_dygraph(net, x).argmax(1) == y).mean() * 100)
+    out = args.out or Path(tempfile.mkdtemp(prefix="qcli-qat-")) / "int8"
+    files = qat.save_quantized_model(net, out / "inference", DEMO_INPUT_SPEC, family=args.family)
+    rows = {
+        "float": _evaluate(find_model_files(demo_model_dir(args.family)), x, y),
+        "int8 (QAT" + (" + PACT)" if args.pact else ")"): _evaluate(files, x, y),
+    }
+    print(f"\nFashion-MNIST demo CNN, {args.steps} QAT steps in {seconds:.0f} s, QAT model top-1 {simulated:.2f} %, "
+          f"{args.family} family, {len(x)} test images, int8 model in {files.directory}\n")
+    print("| model | top-1 executor (%) | top-1 paddle.inference (%) | latency b=8 (ms) | params file (KiB) |")
+    print("|---|---:|---:|---:|---:|")
+    for name, r in rows.items():
+        print(f"| {name} | {r['executor']:.2f} | {r['inference']:.2f} | {r['latency']:.2f} | {r['params']:.0f} |")
+    return 0 if np.isfinite(simulated) else 1
