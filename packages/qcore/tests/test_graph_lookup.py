@@ -75,3 +75,24 @@ def test_bad_codes_and_scales(emb_model):
         graph.quantize_lookup(op, table, np.ones(1))
     with pytest.raises(GraphError, match="one scale or one per row"):
         graph.quantize_lookup(op, np.zeros(table.shape, np.int8), np.ones(3))
+
+
+def test_lookup_that_is_the_model_output(tmp_path):
+    """The rewritten lookup's output replaces the old one among the fetch targets (PIR)."""
+
+    class Lookup(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.emb = paddle.nn.Embedding(10, 4)
+
+        def forward(self, ids):
+            return self.emb(ids)
+
+    for fmt in ("pir", "legacy_pdmodel"):
+        directory = tmp_path / fmt
+        save_tiny_net(Lookup(), directory, fmt, [paddle.static.InputSpec([None], "int64", "ids")])
+        graph, op, table = _table_and_graph(directory)
+        graph.quantize_lookup(op, np.ones(table.shape, np.int8), np.array([0.5]))
+        ids = np.array([1, 2], np.int64)
+        np.testing.assert_array_equal(graph.run({"ids": ids})[0], np.full((2, 4), 0.5, np.float32))
+        np.testing.assert_array_equal(predict(graph.save(tmp_path / f"q_{fmt}"), {"ids": ids})[0], np.full((2, 4), 0.5))

@@ -183,7 +183,9 @@ class PirGraph(Graph):
             if per_row:
                 scale = paddle._C_ops.embedding(ids, scale, padding_idx, False)
             value = paddle._C_ops.multiply(value, scale)
-        op.raw.result(0).replace_all_uses_with(value)
+        old = op.raw.result(0)
+        old.replace_all_uses_with(value)
+        self.model.fetch_targets = [value if t.is_same(old) else t for t in self.model.fetch_targets]
         self.block.remove_op(op.raw)
         self._drop_if_unused(weight.value)
 
