@@ -16,6 +16,7 @@ def test_every_format_loads_and_matches_float(tiny_model, tiny_input, tiny_refer
     assert model.family == ("pir" if fmt == "pir" else "legacy")
     assert model.feed_names == ["x"]
     np.testing.assert_allclose(model.run({"x": tiny_input})[0], tiny_reference, atol=1e-5)
+    assert model.feed_specs() == {"x": ((-1, *tiny_input.shape[1:]), "float32")}
 
 
 def test_legacy_translates_to_pir_on_request(tiny_model, tiny_input, tiny_reference):

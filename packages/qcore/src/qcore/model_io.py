@@ -62,6 +62,14 @@ class Model:
                 self.program, feed=feed, fetch_list=fetch_list or self.fetch_targets, return_numpy=True
             )
 
+    def feed_specs(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``{feed_name: (shape, dtype)}`` as the program declares them (-1 for a free dimension)."""
+        specs = {}
+        for name, var in zip(self.feed_names, _feed_vars(self)):
+            dtype = str(var.dtype).split(".")[-1].replace("paddle.", "")
+            specs[name] = (tuple(int(d) for d in var.shape), dtype)
+        return specs
+
 
 def _family_of(model_file: Path) -> Family:
     if model_file.suffix == ".json":
