@@ -10,13 +10,15 @@ from qcore.inference import predict
 from qcore.model_io import find_model_files, load_model, save_model
 
 
-def test_every_format_loads_and_matches_float(tiny_model, tiny_input, tiny_reference):
+def test_every_format_loads_and_matches_float(tiny_model, tiny_net, tiny_input, tiny_reference):
     directory, kwargs, fmt = tiny_model
     model = load_model(directory, **kwargs)
     assert model.family == ("pir" if fmt == "pir" else "legacy")
     assert model.feed_names == ["x"]
     np.testing.assert_allclose(model.run({"x": tiny_input})[0], tiny_reference, atol=1e-5)
     assert model.feed_specs() == {"x": ((-1, *tiny_input.shape[1:]), "float32")}
+    params = sum(int(np.prod(v.shape)) for v in tiny_net.state_dict().values()) * 4
+    assert params <= model.source.params_bytes <= params + 4096  # float32 data plus headers
 
 
 def test_legacy_translates_to_pir_on_request(tiny_model, tiny_input, tiny_reference):

@@ -42,6 +42,13 @@ class ModelFiles:
     def directory(self) -> Path:
         return self.model_file.parent
 
+    @property
+    def params_bytes(self) -> int:
+        """Bytes of parameter data: the combined params file, or every other file of the directory."""
+        if self.params_file is not None:
+            return self.params_file.stat().st_size
+        return sum(p.stat().st_size for p in self.directory.iterdir() if p.is_file() and p != self.model_file)
+
 
 @dataclass
 class Model:
