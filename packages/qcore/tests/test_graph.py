@@ -50,6 +50,20 @@ def test_params_get_set(tiny_model, tiny_net):
         g.get_param("nope")
 
 
+def test_bias_operand_follows_conv_and_fc(tiny_model, tiny_net):
+    g = _graph(tiny_model)
+    fc = g.ops(["mul"])[0]
+    np.testing.assert_array_equal(g.get_param(g.bias_operand(fc).name), tiny_net.fc.bias.numpy())
+    assert g.bias_operand(g.ops(["depthwise_conv2d"])[0]) is None  # bias_attr=False
+    conv = g.ops(["conv2d"])[0]
+    assert g.bias_operand(conv) is not None  # before folding: the conv's own bias
+    g.fold_conv_bn()
+    folded = g.get_param(g.bias_operand(conv).name).reshape(-1)
+    bn = tiny_net.bn
+    expected = (tiny_net.conv.bias.numpy() - bn._mean.numpy()) / np.sqrt(bn._variance.numpy() + bn._epsilon)
+    np.testing.assert_allclose(folded, expected * bn.weight.numpy() + bn.bias.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_fold_conv_bn_keeps_outputs(tiny_model, tiny_input, tiny_reference):
     g = _graph(tiny_model)
     assert g.fold_conv_bn() == 1

@@ -159,6 +159,10 @@ class Graph(ABC):
     @abstractmethod
     def _weight_transposed(self, op: OpRef) -> bool: ...
 
+    @abstractmethod
+    def bias_operand(self, op: OpRef) -> Operand | None:
+        """The bias parameter added to ``op``'s output by the add that is its only consumer, if any."""
+
     # ---- parameters -----------------------------------------------------------------
     def get_param(self, name: str) -> np.ndarray:
         """A copy of parameter ``name`` from the model's scope."""

@@ -191,6 +191,13 @@ class LegacyGraph(Graph):
                 return op
         return None
 
+    def bias_operand(self, op: OpRef) -> Operand | None:
+        out = op.raw.output_arg_names[0]
+        add = self._single_consumer(out)
+        if add is None or add.type != "elementwise_add" or add.input("X")[0] != out:
+            return None
+        return self._bias_param(add)
+
     def _bias_param(self, add: Any) -> Operand | None:
         """The bias parameter ``add`` adds (directly or through a reshape2)."""
         y = add.input("Y")[0]

@@ -193,6 +193,13 @@ class PirGraph(Graph):
         users = value.all_used_ops()
         return users[0] if len(users) == 1 else None
 
+    def bias_operand(self, op: OpRef) -> Operand | None:
+        out = op.raw.result(0)
+        add = self._single_user(out)
+        if add is None or add.name() != "pd_op.add":
+            return None
+        return self._bias_of_add(add, out)
+
     def _bias_of_add(self, add: Any, conv_out: Any) -> Operand | None:
         """The bias parameter operand of ``add`` (directly or through a reshape)."""
         other = next(i for i in range(2) if not add.operand_source(i).is_same(conv_out))
