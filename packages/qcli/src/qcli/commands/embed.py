@@ -1,0 +1,102 @@
+"""``qcli embed``: quantize the embedding tables of a saved Paddle model, or a raw ``.npy`` table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ..plugins import require
+
+PER_ROW = {"off": False, "on": True, "auto": "auto"}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "embed",
+        help="quantize embedding tables (a saved Paddle model dir, or a .npy table) to int8/int4",
+        description="SOURCE is a saved model (directory, model file or path prefix; PIR or legacy) or a 2-D "
+        "float .npy table. A model keeps its family and file layout; a .npy table is quantized in chunks "
+        "(tables larger than memory work) into OUT (codes) + OUT's .scales.npy + .qembed.json.",
+    )
+    p.add_argument("source", type=Path, help="model directory / file / prefix, or a .npy table")
+    p.add_argument("out", type=Path, help="output model directory, or output .npy for a table")
+    p.add_argument("--quantize-type", choices=["abs_max", "log"], default="abs_max")
+    p.add_argument("--bits", type=int, default=8, help="2..8 (codes are stored as int8; 4 and below pack in .npy)")
+    p.add_argument("--per-row", choices=list(PER_ROW), default=None,
+                   help="scale per row: off (seed default for models), on (default for .npy), "
+                        "auto (models: chosen by measured error)")
+    p.add_argument("--threshold", type=float, default=None, help="clip the table to [-t, t] before quantizing")
+    p.add_argument("--params-name", action="append", default=None, help="only this table (repeatable)")
+    p.add_argument("--op-types", nargs="+", default=None,
+                   help="quantize_op_types (default: lookup_table fused_embedding_seq_pool pyramid_hash)")
+    p.add_argument("--config", type=Path, default=None, help="a JSON file with the full quant_embedding config")
+    p.add_argument("--model-filename", default=None)
+    p.add_argument("--params-filename", default=None)
+    p.add_argument("--chunk-rows", type=int, default=65536, help=".npy tables: rows per chunk")
+    p.set_defaults(run=run)
+
+
+def _config(args: argparse.Namespace) -> dict[str, Any]:
+    config: dict[str, Any] = json.loads(args.config.read_text()) if args.config else {}
+    config.setdefault("quantize_type", args.quantize_type)
+    config.setdefault("quantize_bits", args.bits)
+    config.setdefault("per_row", PER_ROW[args.per_row or "off"])
+    if args.threshold is not None:
+        config.setdefault("threshold", args.threshold)
+    if args.params_name:
+        config.setdefault("params_name", args.params_name)
+    if args.op_types:
+        config.setdefault("quantize_op_types", args.op_types)
+    return config
+
+
+def _size(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.iterdir() if p.is_file())
+
+
+def _run_model(qembed: Any, args: argparse.Namespace) -> int:
+    files, reports = qembed.quant_embedding_model(
+        args.source, args.out, _config(args), args.model_filename, args.params_filename
+    )
+    print(f"quantized model in {files.directory} ({files.family})\n")
+    print("| table | op | shape | scheme | scales | err one scale | err per-row | MiB before | MiB after |")
+    print("|---|---|---|---|---|---:|---:|---:|---:|")
+    for r in reports:
+        q = r.choice.table
+        print(f"| {r.name} | {', '.join(r.op_types)} | {r.shape[0]}x{r.shape[1]} | {q.quantize_type} int{q.bits} | "
+              f"{'per-row' if r.choice.per_row else 'one'} | {r.choice.whole_table_error:.4f} | "
+              f"{r.choice.per_row_error:.4f} | {r.float_bytes / 2**20:.2f} | {r.quantized_bytes / 2**20:.2f} |")
+    source = args.source if args.source.is_dir() else args.source.parent
+    print(f"\nmodel on disk: {_size(source) / 2**20:.2f} MiB -> {_size(files.directory) / 2**20:.2f} MiB")
+    return 0
+
+
+def _run_table(qembed: Any, args: argparse.Namespace) -> int:
+    per_row = PER_ROW[args.per_row or "on"]
+    if per_row == "auto":
+        raise SystemExit("qcli embed: --per-row auto needs the table in memory; use on or off for a .npy table")
+    start = time.perf_counter()
+    table = qembed.quantize_npy(args.source, args.out, args.quantize_type, args.bits, per_row, args.threshold,
+                                args.chunk_rows)
+    seconds = time.perf_counter() - start
+    before, after = args.source.stat().st_size, args.out.stat().st_size + table.scales.nbytes
+    print(f"{args.source} -> {args.out}: {len(table.codes)}x{table.dim} {table.quantize_type} int{table.bits}"
+          f"{' packed 2 per byte' if table.packed else ''}, {'per-row' if table.per_row else 'one'} scale(s)")
+    print(f"{before / 2**20:.2f} MiB -> {after / 2**20:.2f} MiB ({after / before:.3f}x) in {seconds:.2f} s "
+          f"({before / seconds / 1e9:.2f} GB/s)")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    qembed = require("embed")
+    from qcore.errors import QuantError
+
+    try:
+        if args.source.suffix == ".npy":
+            return _run_table(qembed, args)
+        return _run_model(qembed, args)
+    except QuantError as exc:
+        raise SystemExit(f"qcli embed: {exc}") from None

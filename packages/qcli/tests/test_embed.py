@@ -1,0 +1,81 @@
+"""qcli embed on a saved Paddle model (PIR and legacy) and on a raw .npy table."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import paddle
+import pytest
+
+from qcli import plugins
+from qcli.main import main
+from qcore.inference import predict
+from qcore.model_io import find_model_files
+from qcore.testing import EMBEDDING_INPUT_SPEC, TinyEmbeddingNet, save_tiny_net
+
+pytest.importorskip("qembed")
+
+
+@pytest.fixture(scope="module", params=["pir", "legacy_separate"])
+def model(request, tmp_path_factory):
+    paddle.seed(0)
+    net = TinyEmbeddingNet(vocab=4000, dim=32)
+    net.eval()
+    directory = tmp_path_factory.mktemp("emb") / request.param
+    kwargs = save_tiny_net(net, directory, request.param, EMBEDDING_INPUT_SPEC)
+    return directory, kwargs
+
+
+def test_embed_model(model, tmp_path, capsys):
+    directory, kwargs = model
+    argv = ["embed", str(directory), str(tmp_path / "q"), "--per-row", "auto", "--bits", "4"]
+    if kwargs["model_filename"]:
+        argv += ["--model-filename", kwargs["model_filename"]]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    row = re.search(r"^\| embedding_0\.w_0 \| lookup_table \| 4000x32 \| abs_max int4 \| (one|per-row) \| "
+                    r"([\d.]+) \| ([\d.]+) \| 0\.49 \| 0\.1\d \|$", out, re.M)
+    assert row, out
+    before, after = map(float, re.search(r"model on disk: ([\d.]+) MiB -> ([\d.]+) MiB", out).groups())
+    assert after < 0.3 * before
+    files = find_model_files(tmp_path / "q", kwargs["model_filename"])
+    ids = np.arange(12, dtype=np.int64).reshape(2, 6)
+    assert predict(files, {"ids": ids})[0].shape == (2, 4)
+
+
+def test_embed_model_config_file_and_bad_input(model, tmp_path, capsys):
+    directory, kwargs = model
+    extra = ["--model-filename", kwargs["model_filename"]] if kwargs["model_filename"] else []
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"lookup_table": {"quantize_type": "log"}}))
+    assert main(["embed", str(directory), str(tmp_path / "q"), "--config", str(config), *extra]) == 0
+    assert "| log int8 | one |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="qcli embed: .*'nope' .*tables found: embedding_0.w_0"):
+        main(["embed", str(directory), str(tmp_path / "q2"), "--params-name", "nope", *extra])
+    with pytest.raises(SystemExit, match="quantize_bits=9"):
+        main(["embed", str(directory), str(tmp_path / "q2"), "--bits", "9", *extra])
+
+
+def test_embed_npy_table(tmp_path, capsys):
+    table = np.random.default_rng(0).normal(0, 0.1, (5000, 33)).astype(np.float32)
+    np.save(tmp_path / "t.npy", table)
+    assert main(["embed", str(tmp_path / "t.npy"), str(tmp_path / "q.npy"), "--bits", "4", "--chunk-rows", "999"]) == 0
+    out = capsys.readouterr().out
+    assert "5000x33 abs_max int4 packed 2 per byte, per-row scale(s)" in out, out
+    ratio = float(re.search(r"\(([\d.]+)x\)", out).group(1))
+    assert ratio < 0.16  # 17 bytes of codes + 4 of scale per row vs 132 bytes of fp32
+    import qembed.table
+
+    back = qembed.table.load_quantized_npy(tmp_path / "q.npy").rows([0, 4999])
+    step = np.abs(table[[0, 4999]]).max(1, keepdims=True) / 7
+    assert (np.abs(back - table[[0, 4999]]) <= step / 2 + 1e-6).all()
+    with pytest.raises(SystemExit, match="auto needs the table in memory"):
+        main(["embed", str(tmp_path / "t.npy"), str(tmp_path / "q.npy"), "--per-row", "auto"])
+
+
+def test_embed_without_qembed_names_the_package(monkeypatch, tmp_path):
+    monkeypatch.setattr(plugins, "installed", lambda package: False)
+    with pytest.raises(SystemExit, match=r"pip install packages/qembed"):
+        main(["embed", str(tmp_path / "t.npy"), str(tmp_path / "q.npy")])
