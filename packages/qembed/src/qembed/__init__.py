@@ -7,11 +7,24 @@
   larger than memory.
 """
 
+from typing import Any
+
 from .config import EmbeddingConfig, TableConfig
-from .program import TableReport, quant_embedding, quant_embedding_model, quantize_tables
 from .table import QuantizedTable, TableChoice, choose_table_quantization, quantize_npy, quantize_table
 
 __version__ = "0.1.0"
+_PROGRAM_API = ("TableReport", "quant_embedding", "quant_embedding_model", "quantize_tables")
+
+
+def __getattr__(name: str) -> Any:
+    """The program API imports paddle; load it on first use so table-only users never pay for it."""
+    if name in _PROGRAM_API:
+        from . import program
+
+        return getattr(program, name)
+    raise AttributeError(f"module 'qembed' has no attribute {name!r}")
+
+
 __all__ = [
     "EmbeddingConfig",
     "QuantizedTable",

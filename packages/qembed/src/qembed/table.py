@@ -26,7 +26,7 @@ from qcore.constants import EMBEDDING_QUANTIZE_TYPES
 from qcore.errors import DataError
 from qcore.quant import log_dequantize, log_quantize, qmax
 
-BLOCK_ROWS = 1024  # rows per float32 work block: keeps the temporaries in cache
+BLOCK_BYTES = 1 << 20  # fp32 bytes per work block: big enough to amortise numpy calls, small enough for L2
 
 
 @dataclass
@@ -111,9 +111,15 @@ def _check_finite(table: NDArray[np.float32], absmax: float | NDArray[np.float32
 
 
 def _row_absmax(block: NDArray[np.float32], work: NDArray[np.float32]) -> NDArray[np.float32]:
-    """Per-row max of |x| (``work`` is a scratch buffer of ``block``'s shape)."""
-    np.abs(block, out=work)
-    return work.max(axis=1)
+    """Per-row max of |x| (``work`` is a scratch buffer of ``block``'s shape).
+
+    Clearing the sign bit and taking an int32 max gives the same result as a float max of |x|
+    (non-negative floats order like their bit patterns; NaN still comes out as NaN) about twice
+    as fast, since numpy's float max handles NaN on every element.
+    """
+    bits = work.view(np.int32)
+    np.bitwise_and(np.ascontiguousarray(block).view(np.int32), 0x7FFFFFFF, out=bits)
+    return bits.max(axis=1).view(np.float32)
 
 
 def _abs_max_codes(
@@ -127,9 +133,10 @@ def _abs_max_codes(
     if not per_row:
         top = global_absmax if global_absmax is not None else _table_absmax(table, "embedding table")
         scales[0] = (min(top, threshold) if threshold else top) / qm
-    work = np.empty((min(BLOCK_ROWS, rows), dim), np.float32)
-    for start in range(0, rows, BLOCK_ROWS):
-        block = table[start : start + BLOCK_ROWS]
+    block_rows = max(1, BLOCK_BYTES // (4 * dim))
+    work = np.empty((min(block_rows, rows), dim), np.float32)
+    for start in range(0, rows, block_rows):
+        block = table[start : start + block_rows]
         buf = work[: len(block)]
         if per_row:
             top = _row_absmax(block, buf)
