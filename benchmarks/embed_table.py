@@ -1,0 +1,123 @@
+"""qembed's table API: quantize throughput per core, peak RSS on a table 4x the memory budget, lookups.
+
+Each run writes a fresh random fp32 ``.npy`` table (``--rows`` x ``--dim``) to a temp dir, then in
+child processes pinned to one thread: in-memory ``quantize_table`` and chunked ``quantize_npy``
+(best of ``--repeats``, GB/s of fp32 input), the peak-RSS growth of ``quantize_npy`` against the
+table size, and the latency of a memory-mapped lookup of 4096 random ids. Writes
+``benchmarks/results/embed_table.md``. Run with ``python3 -m nox -s bench_embed``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+RESULTS = Path(__file__).parent / "results"
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+CASES = [  # (label, quantize_type, bits, per_row)
+    ("int8 abs_max, one scale", "abs_max", 8, False),
+    ("int8 abs_max, per-row", "abs_max", 8, True),
+    ("int4 abs_max, per-row, packed", "abs_max", 4, True),
+    ("int8 log, per-row", "log", 8, True),
+]
+
+
+def child(code: str) -> dict:
+    """Run ``code`` in a fresh single-threaded interpreter; it prints one JSON object."""
+    out = subprocess.check_output([sys.executable, "-c", textwrap.dedent(code)], env=ONE_THREAD)
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+def throughput(path: Path, tmp: Path, kind: str, bits: int, per_row: bool, repeats: int, chunk_rows: int) -> dict:
+    return child(f"""
+        import json, time, numpy as np
+        from qembed import quantize_npy, quantize_table
+        table = np.load({str(path)!r})
+        best_mem = best_npy = float("inf")
+        for _ in range({repeats}):
+            t = time.perf_counter()
+            quantize_table(table, {kind!r}, {bits}, {per_row})
+            best_mem = min(best_mem, time.perf_counter() - t)
+            t = time.perf_counter()
+            quantize_npy({str(path)!r}, {str(tmp / 'q.npy')!r}, {kind!r}, {bits}, {per_row}, chunk_rows={chunk_rows})
+            best_npy = min(best_npy, time.perf_counter() - t)
+        print(json.dumps({{"mem": table.nbytes / best_mem / 1e9, "npy": table.nbytes / best_npy / 1e9}}))
+    """)
+
+
+def rss_and_lookup(path: Path, tmp: Path, rows: int, chunk_rows: int) -> dict:
+    return child(f"""
+        import json, resource, time, numpy as np
+        from qembed import quantize_npy
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        q = quantize_npy({str(path)!r}, {str(tmp / 'q.npy')!r}, chunk_rows={chunk_rows})
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        ids = np.random.default_rng(0).integers(0, {rows}, 4096)
+        q.rows(ids)
+        t = time.perf_counter()
+        for _ in range(20):
+            q.rows(ids)
+        print(json.dumps({{"rss_mib": grown / 1024, "lookup_ms": (time.perf_counter() - t) / 20 * 1000}}))
+    """)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1 << 21, help="table rows (default 2M: 512 MiB at dim 64)")
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--chunk-rows", type=int, default=65536)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        path = tmp / "table.npy"
+        table = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(args.rows, args.dim))
+        for start in range(0, args.rows, 1 << 16):
+            block = np.random.default_rng(start).normal(0, 0.05, (min(1 << 16, args.rows - start), args.dim))
+            table[start : start + len(block)] = block
+        table.flush()
+        del table
+        table_mib = args.rows * args.dim * 4 / 2**20
+        chunk_mib = args.chunk_rows * args.dim * 4 / 2**20
+        rows_out = []
+        for label, kind, bits, per_row in CASES:
+            r = throughput(path, tmp, kind, bits, per_row, args.repeats, args.chunk_rows)
+            rows_out.append(f"| {label} | {r['mem']:.2f} | {r['npy']:.2f} |")
+            print(rows_out[-1], flush=True)
+        rss = rss_and_lookup(path, tmp, args.rows, args.chunk_rows)
+    lines = [
+        "# qembed table API: throughput, memory, lookups",
+        "",
+        f"Random fp32 table {args.rows:,} x {args.dim} ({table_mib:.0f} MiB), one thread "
+        f"(OMP/BLAS threads = 1), best of {args.repeats}. GB/s = fp32 bytes in / wall time. `.npy` runs read "
+        f"and write files in the page cache, chunks of {args.chunk_rows:,} rows ({chunk_mib:.0f} MiB). "
+        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, shared with other jobs "
+        "while measured, so treat absolute numbers as lower bounds. Produced by `benchmarks/embed_table.py`.",
+        "",
+        "| scheme | in memory `quantize_table` (GB/s) | chunked `quantize_npy` (GB/s) |",
+        "|---|---:|---:|",
+        *rows_out,
+        "",
+        "| measure | value |",
+        "|---|---:|",
+        f"| table size | {table_mib:.0f} MiB |",
+        f"| peak RSS growth of `quantize_npy` (int8 per-row) | {rss['rss_mib']:.0f} MiB "
+        f"({rss['rss_mib'] / table_mib:.2f} x the table) |",
+        f"| lookup of 4096 random ids from the memory-mapped int8 table | {rss['lookup_ms']:.2f} ms |",
+    ]
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "embed_table.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
