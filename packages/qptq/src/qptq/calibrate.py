@@ -16,6 +16,8 @@ from qcore.errors import DataError
 from qcore.graph import Graph, Operand, OpRef
 from qcore.observers import HistogramObserver
 
+from .bias_correction import ChannelMean
+
 try:
     from tqdm import tqdm
 except ImportError:  # pragma: no cover - tqdm is a declared dependency
@@ -36,6 +38,7 @@ class Calibration:
     """Observers by activation name, plus how many batches and samples they saw."""
 
     observers: dict[str, HistogramObserver] = field(default_factory=dict)
+    channel_means: dict[str, ChannelMean] = field(default_factory=dict)
     batches: int = 0
     samples: int = 0
 
@@ -49,15 +52,23 @@ def find_targets(graph: Graph, op_types: Iterable[str], skip_patterns: Iterable[
 
 
 def calibrate(
-    graph: Graph, targets: list[Target], batches: Iterable[dict[str, np.ndarray]], *, progress: bool = False
+    graph: Graph,
+    targets: list[Target],
+    batches: Iterable[dict[str, np.ndarray]],
+    *,
+    progress: bool = False,
+    channel_means: dict[str, ChannelMean] | None = None,
 ) -> Calibration:
-    """Run ``graph`` over ``batches`` and observe every target activation."""
+    """Run ``graph`` over ``batches`` and observe every target activation.
+
+    ``channel_means`` (by activation name) are updated in the same pass (for bias correction).
+    """
     unique: dict[str, Operand] = {}
     for target in targets:
         for operand in target.activations:
             unique.setdefault(operand.name, operand)
     names = list(unique)
-    result = Calibration({n: HistogramObserver() for n in names})
+    result = Calibration({n: HistogramObserver() for n in names}, dict(channel_means or {}))
     fetch = [unique[n].value for n in names]
     iterator = tqdm(batches, desc="calibrating", unit="batch", disable=not progress) if tqdm else batches
     for feed in iterator:
@@ -67,6 +78,8 @@ def calibrate(
                 result.observers[name].update(value)
             except DataError as exc:
                 raise DataError(f"activation {name!r} at batch {result.batches}: {exc}") from None
+            if name in result.channel_means:
+                result.channel_means[name].update(value)
         result.batches += 1
         result.samples += len(next(iter(feed.values())))
     return result

@@ -11,14 +11,11 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 from qcore.config import validate_choice
 from qcore.constants import WEIGHT_QUANTIZE_TYPES
 from qcore.errors import ConfigError
-from qcore.graph import QuantizedWeight, open_graph
+from qcore.graph import open_graph
 from qcore.model_io import ModelFiles, load_model
-from qcore.quant import dequantize, scale_from_threshold
 
 from .naming import output_names
 
@@ -60,15 +57,9 @@ def quant_post_dynamic(
             continue
         stored = graph.quantize_weight(weight, weight_bits, graph.weight_channel_axis(op) if per_channel else None)
         if test_graph is not None:
-            test_graph.replace_weight(test_graph.weight_operand(twin), dequantized(stored), "fake_quantized")
+            test_graph.replace_weight(test_graph.weight_operand(twin), stored.dequantized(), "fake_quantized")
     names = output_names(graph.family, save_model_filename, save_params_filename)
     files = graph.save(save_model_dir, *names)
     if test_graph is not None:
         test_graph.save(Path(save_model_dir) / "test_model", *names)
     return files
-
-
-def dequantized(stored: QuantizedWeight) -> np.ndarray:
-    """The float weight the stored codes represent."""
-    thr = stored.thresholds if stored.axis is not None else stored.thresholds[0]
-    return dequantize(stored.codes, scale_from_threshold(thr, stored.bits), stored.axis)

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from qcore.config import validate_bits, validate_choice
 from qcore.constants import (
     ACTIVATION_QUANTIZE_TYPES,
@@ -21,10 +23,11 @@ from qcore.constants import (
     TRANSFORM_PASS_OP_TYPES,
     WEIGHT_QUANTIZE_TYPES,
 )
-from qcore.graph import Graph, open_graph
+from qcore.graph import Graph, QuantizedWeight, open_graph
 from qcore.model_io import ModelFiles, load_model
 from qcore.thresholds import ALIASES, thresholds_all_algos
 
+from .bias_correction import ChannelMean, output_shift
 from .calibrate import Calibration, Target, calibrate, find_targets
 from .data import feed_batches
 from .naming import output_names
@@ -32,6 +35,8 @@ from .naming import output_names
 log = logging.getLogger(__name__)
 ALGO_CHOICES = ("KL", "abs_max", "direct", "hist", "mse", "avg", "emd")
 DEFAULT_OP_TYPES = ("conv2d", "depthwise_conv2d", "mul")
+CONV_KINDS = ("conv2d", "depthwise_conv2d")
+CORRECTABLE = (*CONV_KINDS, "mul", "matmul", "matmul_v2")
 
 
 class PostTrainingQuantization:
@@ -66,6 +71,7 @@ class PostTrainingQuantization:
         is_use_cache_file: bool = False,
         cache_dir: str | os.PathLike[str] = "./temp_post_training",
         skip_patterns: Sequence[str] = ("skip_quant",),
+        bias_correction: bool = False,
         progress: bool = False,
     ) -> None:
         if model_dir is None:
@@ -86,6 +92,7 @@ class PostTrainingQuantization:
         self.optimize_model = optimize_model
         self.skip_patterns = list(skip_patterns)
         self.cache_file = Path(cache_dir) / "observers.json" if is_use_cache_file else None
+        self.bias_correction = bias_correction
         self.progress = progress
         self.model = load_model(model_dir, model_filename, params_filename)
         if executor is not None:
@@ -108,7 +115,8 @@ class PostTrainingQuantization:
         if self.optimize_model:
             graph.fold_conv_bn()
         targets = find_targets(graph, self.op_types, self.skip_patterns)
-        calibration = calibrate(graph, targets, self._batches(), progress=self.progress)
+        means = _input_means(targets) if self.bias_correction else {}
+        calibration = calibrate(graph, targets, self._batches(), progress=self.progress, channel_means=means)
         if self.cache_file is not None:
             self._checkpoint(calibration)
         candidates = {
@@ -131,6 +139,10 @@ class PostTrainingQuantization:
                     target.weight, self.weight_bits, graph.weight_channel_axis(target.op) if self.per_channel else None
                 )
                 entry["weight"] = {"name": target.weight.name, "thresholds": stored.thresholds.round(6).tolist()}
+                if target.activations and target.activations[0].name in calibration.channel_means:
+                    entry["weight"]["bias_shift_max"] = _correct_bias(
+                        graph, target, stored, calibration.channel_means[target.activations[0].name]
+                    )
             for operand in target.activations:
                 every_algo = candidates[operand.name]
                 threshold = every_algo[self.algo]
@@ -166,6 +178,32 @@ class PostTrainingQuantization:
         return files
 
 
+def _input_means(targets: list[Target]) -> dict[str, ChannelMean]:
+    """A channel-mean accumulator for the input of every conv and fc whose bias can be corrected."""
+    means = {}
+    for target in targets:
+        kind = target.op.seed_type
+        if target.weight is not None and target.activations and kind in CORRECTABLE:
+            means[target.activations[0].name] = ChannelMean(axis=1 if kind in CONV_KINDS else -1)
+    return means
+
+
+def _correct_bias(graph: Graph, target: Target, stored: QuantizedWeight, mean: ChannelMean) -> float | None:
+    """Subtract the mean output shift of the rounded weight from the op's bias; returns its max."""
+    bias = graph.bias_operand(target.op)
+    if bias is None or target.weight is None:
+        return None
+    conv = target.op.seed_type in CONV_KINDS
+    transposed = not conv and graph.weight_channel_axis(target.op) == 0
+    shift = output_shift(graph.get_param(target.weight.name), stored.dequantized(), mean.mean, conv=conv,
+                         transposed=transposed)
+    old = graph.get_param(bias.name)
+    if old.size != shift.size:
+        return None
+    graph.replace_weight(bias, old - shift.reshape(old.shape).astype(old.dtype), "bias_corrected")
+    return round(float(np.abs(shift).max()), 6)
+
+
 def _jsonable(value: Any) -> Any:
     return value.tolist() if hasattr(value, "tolist") else value
 
@@ -197,6 +235,7 @@ def quant_post_static(
     data_loader: Iterable[Any] | None = None,
     hist_percent: float = 0.99999,
     skip_patterns: Sequence[str] = ("skip_quant",),
+    bias_correction: bool = False,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Quantize the model in ``model_dir`` with calibration data and save it.
@@ -211,7 +250,7 @@ def quant_post_static(
         weight_bits=weight_bits, activation_bits=activation_bits,
         activation_quantize_type=activation_quantize_type, weight_quantize_type=weight_quantize_type,
         optimize_model=optimize_model, is_use_cache_file=is_use_cache_file, cache_dir=cache_dir,
-        skip_patterns=skip_patterns, progress=progress,
+        skip_patterns=skip_patterns, bias_correction=bias_correction, progress=progress,
     )
     ptq.quantize()
     ptq.save_quantized_model(quantize_model_path, save_model_filename, save_params_filename)

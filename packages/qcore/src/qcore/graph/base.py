@@ -20,7 +20,7 @@ import paddle
 from ..errors import GraphError
 from ..model_io import Model, ModelFiles, save_model
 from ..paddle_env import static_mode
-from ..quant import abs_max, qmax, quantize, scale_from_threshold
+from ..quant import abs_max, dequantize, qmax, quantize, scale_from_threshold
 from .optable import OP_TABLE, backend_names, spec
 
 
@@ -57,6 +57,11 @@ class QuantizedWeight:
     thresholds: np.ndarray
     axis: int | None
     bits: int
+
+    def dequantized(self) -> np.ndarray:
+        """The float weight the codes represent."""
+        thr = self.thresholds if self.axis is not None else self.thresholds[0]
+        return dequantize(self.codes, scale_from_threshold(thr, self.bits), self.axis)
 
 
 class Graph(ABC):

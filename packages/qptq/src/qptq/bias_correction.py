@@ -1,0 +1,56 @@
+"""Bias correction: cancel the mean output shift that rounding the weights causes.
+
+With weight error ``e = W_q - W``, a layer's output moves on average by ``e · E[x]``. The
+calibration pass records ``E[x]`` per input channel (a mergeable sum and count), and the
+correction ``e · E[x]`` per output channel is subtracted from the layer's bias (Nagel et al.,
+"Data-Free Quantization", 2019, empirical variant). Conv borders (padding) are ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class ChannelMean:
+    """Running per-channel mean of an activation along ``axis`` (1 for NCHW convs, -1 for fc)."""
+
+    axis: int
+    total: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    count: int = 0
+
+    def update(self, x: np.ndarray) -> None:
+        rows = np.moveaxis(np.asarray(x, np.float64), self.axis, -1)
+        rows = rows.reshape(-1, rows.shape[-1])
+        self.total = rows.sum(0) if self.count == 0 else self.total + rows.sum(0)
+        self.count += rows.shape[0]
+
+    def merge(self, other: ChannelMean) -> ChannelMean:
+        self.total = other.total.copy() if self.count == 0 else self.total + other.total
+        self.count += other.count
+        return self
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self.total / max(self.count, 1)
+
+
+def output_shift(
+    weight: np.ndarray, quantized: np.ndarray, input_mean: np.ndarray, *, conv: bool, transposed: bool = False
+) -> np.ndarray:
+    """Mean change of each output channel when ``weight`` is replaced by ``quantized``.
+
+    ``conv``: weight is ``[C_out, C_in/groups, kh, kw]`` (groups inferred from ``input_mean``);
+    otherwise a matmul weight ``[K, N]`` (``[N, K]`` when ``transposed``).
+    """
+    error = quantized.astype(np.float64) - weight.astype(np.float64)
+    if not conv:
+        return (error @ input_mean) if transposed else (input_mean @ error)
+    c_out, c_in_group = error.shape[:2]
+    groups = input_mean.size // c_in_group
+    per_tap = error.reshape(c_out, c_in_group, -1).sum(-1)  # [C_out, C_in/groups]
+    group_of_out = np.arange(c_out) // (c_out // groups)
+    means = input_mean.reshape(groups, c_in_group)[group_of_out]  # [C_out, C_in/groups]
+    return (per_tap * means).sum(-1)
