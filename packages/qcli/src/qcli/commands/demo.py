@@ -11,8 +11,9 @@ import numpy as np
 
 from qcore.demo import demo_model_dir, load_demo_data
 from qcore.inference import create_predictor, run_predictor
-from qcore.model_io import ModelFiles, find_model_files, load_model
+from qcore.model_io import ModelFiles, find_model_files
 
+from ..evaluation import deployed_outputs, executor_outputs, top1
 from ..plugins import require
 
 
@@ -26,10 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _evaluate(files: ModelFiles, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
-    model = load_model(files.directory, files.model_file.name, files.params_file.name if files.params_file else None)
-    executor_logits = np.concatenate([model.run({"image": x[i : i + 250]})[0] for i in range(0, len(x), 250)])
     predictor = create_predictor(files)  # oneDNN + int8 switch, 2 threads
-    deployed = np.concatenate([run_predictor(predictor, {"image": x[i : i + 250]})[0] for i in range(0, len(x), 250)])
     batch = x[:8]
     run_predictor(predictor, {"image": batch})
     start = time.perf_counter()
@@ -37,10 +35,10 @@ def _evaluate(files: ModelFiles, x: np.ndarray, y: np.ndarray) -> dict[str, floa
         run_predictor(predictor, {"image": batch})
     latency = (time.perf_counter() - start) / 20 * 1000
     return {
-        "executor": float((executor_logits.argmax(1) == y).mean() * 100),
-        "inference": float((deployed.argmax(1) == y).mean() * 100),
+        "executor": top1(executor_outputs(files, "image", x), y),
+        "inference": top1(deployed_outputs(files, "image", x), y),
         "latency": latency,
-        "params": files.params_file.stat().st_size / 1024 if files.params_file else float("nan"),
+        "params": files.params_bytes / 1024,
     }
 
 

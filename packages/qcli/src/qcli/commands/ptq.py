@@ -1,0 +1,151 @@
+"""``qcli ptq dynamic|static``: post-training quantization of a saved model, with a JSON report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qcore.errors import DataError
+from qcore.model_io import ModelFiles, find_model_files, load_model
+
+from ..calib_data import sample_source
+from ..evaluation import agreement, deployed_outputs, executor_outputs, top1
+from ..plugins import require
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    ptq = sub.add_parser("ptq", help="post-training quantization (needs qptq)")
+    methods = ptq.add_subparsers(dest="method", required=True)
+
+    dynamic = methods.add_parser("dynamic", help="weight-only int8/int16 (no calibration data)")
+    _common(dynamic)
+    dynamic.add_argument("--weight-bits", type=int, default=8, choices=[8, 16])
+    dynamic.add_argument("--op-types", nargs="+", default=["conv2d", "mul"], help="seed op types to quantize")
+    dynamic.add_argument("--test-model", action="store_true", help="also write OUT/test_model (fake-quantized float)")
+    dynamic.set_defaults(run=run_dynamic)
+
+    static = methods.add_parser("static", help="int8 weights and activations, calibrated on sample data")
+    _common(static)
+    static.add_argument(
+        "--data", required=True,
+        help="calibration samples: a .npy array (N, ...), a folder of images or .npy files, or module:function / "
+        "file.py:function returning an iterable of samples",
+    )
+    static.add_argument("--algo", default="KL", help="KL, abs_max, hist, mse, avg or emd (default KL)")
+    static.add_argument("--batch-size", type=int, default=10)
+    static.add_argument("--batch-nums", type=int, default=None, help="stop after this many batches")
+    static.add_argument(
+        "--op-types", nargs="+", default=None, help="seed op types to quantize (default: conv2d depthwise_conv2d mul)",
+    )
+    static.add_argument("--full", action="store_true", help="is_full_quantize: every op type the seeds list")
+    static.add_argument("--weight-bits", type=int, default=8)
+    static.add_argument("--activation-bits", type=int, default=8)
+    static.add_argument("--weight-quantize-type", default="channel_wise_abs_max")
+    static.add_argument("--hist-percent", type=float, default=0.99999)
+    static.add_argument("--no-fold-bn", action="store_true", help="keep batch_norm (optimize_model=False)")
+    static.add_argument("--bias-correction", action="store_true", help="correct the mean shift int8 weights cause")
+    static.add_argument("--skip-pattern", nargs="+", default=["skip_quant"], help="name scopes left in float")
+    static.add_argument("--input-shape", default=None, help="C,H,W images are resized to (default: the model's)")
+    static.add_argument("--mean", default="0", help="per-channel mean of [0,1] pixels, e.g. 0.485,0.456,0.406")
+    static.add_argument("--std", default="1", help="per-channel std the pixels are divided by")
+    static.set_defaults(run=run_static)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", type=Path, help="model directory, path prefix or model file (PIR .json or legacy)")
+    p.add_argument("out", type=Path, help="directory for the quantized model (replaced atomically)")
+    p.add_argument("--model-filename", default=None)
+    p.add_argument("--params-filename", default=None)
+    p.add_argument("--report", type=Path, default=None, help="write a JSON report here (default OUT.report.json)")
+    p.add_argument("--eval-data", type=Path, default=None, help=".npy inputs to score float vs int8 on")
+    p.add_argument("--eval-labels", type=Path, default=None, help=".npy integer labels for --eval-data (top-1)")
+
+
+def run_dynamic(args: argparse.Namespace) -> int:
+    qptq = require("ptq")
+    source = find_model_files(args.model, args.model_filename, args.params_filename)
+    start = time.perf_counter()
+    files = qptq.quant_post_dynamic(
+        args.model, args.out, args.model_filename, args.params_filename,
+        quantizable_op_type=args.op_types, weight_bits=args.weight_bits, generate_test_model=args.test_model,
+    )
+    report = {"method": "dynamic", "weight_bits": args.weight_bits, "op_types": args.op_types}
+    return _finish(args, source, files, report, time.perf_counter() - start)
+
+
+def run_static(args: argparse.Namespace) -> int:
+    qptq = require("ptq")
+    source = find_model_files(args.model, args.model_filename, args.params_filename)
+    samples = sample_source(args.data, _sample_shape(source, args.input_shape), _floats(args.mean), _floats(args.std))
+    start = time.perf_counter()
+    options: dict[str, Any] = {} if args.op_types is None else {"quantizable_op_type": args.op_types}
+    ptq_report = qptq.quant_post_static(
+        None, args.model, args.out, sample_generator=samples, model_filename=args.model_filename,
+        params_filename=args.params_filename, save_model_filename=None, save_params_filename=None,
+        batch_size=args.batch_size, batch_nums=args.batch_nums, algo=args.algo, is_full_quantize=args.full,
+        weight_bits=args.weight_bits, activation_bits=args.activation_bits,
+        weight_quantize_type=args.weight_quantize_type, optimize_model=not args.no_fold_bn,
+        hist_percent=args.hist_percent, skip_patterns=args.skip_pattern, bias_correction=args.bias_correction,
+        progress=True, **options,
+    )
+    report = {"method": "static", **ptq_report}
+    return _finish(args, source, find_model_files(args.out), report, time.perf_counter() - start)
+
+
+def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, report: dict, seconds: float) -> int:
+    report = {
+        **report,
+        "model": str(source.model_file),
+        "output": str(out.model_file),
+        "seconds": round(seconds, 3),
+        "sizes": {
+            "float_params_bytes": source.params_bytes,
+            "quantized_params_bytes": out.params_bytes,
+            "ratio": round(out.params_bytes / source.params_bytes, 4),
+        },
+    }
+    if args.eval_data is not None:
+        report["accuracy"] = _accuracy(source, out, args.eval_data, args.eval_labels)
+    path = args.report or args.out.with_name(args.out.name + ".report.json")
+    path.write_text(json.dumps(report, indent=1))
+    sizes = report["sizes"]
+    print(f"quantized model: {out.model_file} ({report['seconds']} s); params {sizes['float_params_bytes']:,} -> "
+          f"{sizes['quantized_params_bytes']:,} bytes ({sizes['ratio']:.2f}x); report: {path}")
+    for name, value in report.get("accuracy", {}).items():
+        print(f"  {name}: {value:.2f}")
+    return 0
+
+
+def _accuracy(source: ModelFiles, out: ModelFiles, data: Path, labels: Path | None) -> dict[str, float]:
+    x = np.load(data)
+    feed = load_model(source.directory, source.model_file.name,
+                      source.params_file.name if source.params_file else None).feed_names[0]
+    float_out, int8_out = deployed_outputs(source, feed, x), deployed_outputs(out, feed, x)
+    result = {
+        "agreement_deployed": agreement(float_out, int8_out),
+        "agreement_simulated": agreement(float_out, executor_outputs(out, feed, x)),
+    }
+    if labels is not None:
+        y = np.load(labels)
+        if len(y) != len(x):
+            raise DataError(f"--eval-labels has {len(y)} labels for {len(x)} --eval-data samples; they must match")
+        result |= {"top1_float": top1(float_out, y), "top1_int8_deployed": top1(int8_out, y)}
+    return result
+
+
+def _sample_shape(source: ModelFiles, override: str | None) -> tuple[int, ...]:
+    if override:
+        return tuple(int(v) for v in override.split(","))
+    params = source.params_file.name if source.params_file else None
+    model = load_model(source.directory, source.model_file.name, params)
+    shape, _ = next(iter(model.feed_specs().values()))
+    return shape[1:]
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(v) for v in text.split(","))

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from qcli.calib_data import load_image
+from qcli.main import main
+from qcore.demo import PIXEL_MEAN, PIXEL_STD, demo_model_dir, load_demo_data, load_demo_raw
+from qcore.errors import DataError
+from qcore.model_io import find_model_files
+
+
+@pytest.fixture(scope="module")
+def demo_arrays(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    calib, _ = load_demo_data("calib")
+    x, y = load_demo_data("test")
+    np.save(folder / "calib.npy", calib[:60])
+    np.save(folder / "x.npy", x[:400])
+    np.save(folder / "y.npy", y[:400])
+    return folder
+
+
+def test_static_from_npy_writes_report_with_layers_sizes_and_accuracy(demo_arrays, tmp_path, capsys):
+    out = tmp_path / "int8"
+    code = main(["ptq", "static", str(demo_model_dir("legacy")), str(out), "--data", str(demo_arrays / "calib.npy"),
+                 "--algo", "hist", "--eval-data", str(demo_arrays / "x.npy"),
+                 "--eval-labels", str(demo_arrays / "y.npy")])
+    assert code == 0
+    report = json.loads((tmp_path / "int8.report.json").read_text())
+    assert report["method"] == "static" and report["algo"] == "hist" and report["samples"] == 60
+    ops = ["conv2d", "conv2d", "depthwise_conv2d", "conv2d", "conv2d", "mul"]
+    assert [layer["op"] for layer in report["layers"]] == ops
+    assert all(set(info["all_algos"]) >= {"kl", "abs_max", "mse"}
+               for layer in report["layers"] for info in layer["inputs"].values())
+    assert report["sizes"]["ratio"] < 0.3
+    acc = report["accuracy"]
+    assert acc["top1_int8_deployed"] >= acc["top1_float"] - 1.5
+    assert acc["agreement_deployed"] > 95
+    assert "report:" in capsys.readouterr().out
+
+
+def test_dynamic_int16_report(tmp_path):
+    out = tmp_path / "w16"
+    assert main(["ptq", "dynamic", str(demo_model_dir("pir")), str(out), "--weight-bits", "16",
+                 "--op-types", "conv2d", "depthwise_conv2d", "mul", "--report", str(tmp_path / "r.json")]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["weight_bits"] == 16 and 0.45 < report["sizes"]["ratio"] < 0.55
+    assert find_model_files(out).family == "pir"
+
+
+def test_static_from_image_folder_and_python_function(tmp_path):
+    images, _ = load_demo_raw("calib")
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i, pixels in enumerate(images[:20]):
+        Image.fromarray(pixels).save(folder / f"{i:03d}.png")
+    sample = load_image(folder / "000.png", (1, 28, 28), (PIXEL_MEAN,), (PIXEL_STD,))
+    np.testing.assert_allclose(sample, load_demo_data("calib")[0][0], atol=1e-5)  # same preprocessing
+
+    args = ["--mean", str(PIXEL_MEAN), "--std", str(PIXEL_STD), "--batch-size", "5"]
+    model = str(demo_model_dir("legacy"))
+    assert main(["ptq", "static", model, str(tmp_path / "a"), "--data", str(folder), *args]) == 0
+    script = tmp_path / "calib_fn.py"
+    script.write_text("from qcore.demo import load_demo_data\n\n"
+                      "def samples():\n    return iter(load_demo_data('calib')[0][:20])\n")
+    assert main(["ptq", "static", str(demo_model_dir("legacy")), str(tmp_path / "b"), "--data",
+                 f"{script}:samples", "--batch-size", "5"]) == 0
+    thresholds = [json.loads((tmp_path / f"{n}.report.json").read_text())["layers"][1]["inputs"] for n in "ab"]
+    a, b = (next(iter(t.values()))["threshold"] for t in thresholds)
+    assert a == pytest.approx(b, rel=0.02)  # PNG round trip of uint8 pixels is lossless
+
+
+def test_bad_calibration_sources(tmp_path):
+    with pytest.raises(DataError, match="not a .npy file, a directory or module:function"):
+        main(["ptq", "static", str(demo_model_dir("legacy")), str(tmp_path / "o"), "--data", "nowhere.txt"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="holds no images"):
+        main(["ptq", "static", str(demo_model_dir("legacy")), str(tmp_path / "o"), "--data", str(tmp_path / "empty")])
+    with pytest.raises(DataError, match="has no function 'nope'"):
+        main(["ptq", "static", str(demo_model_dir("legacy")), str(tmp_path / "o"), "--data", "qcore.demo:nope"])
