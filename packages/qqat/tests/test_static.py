@@ -168,6 +168,27 @@ def test_hooks_replace_and_precede_the_built_in_quantizers():
     assert abs(net.param("pact_1.alpha")[0] - 3.0) > 0.05
 
 
+def test_act_quantize_and_weight_preprocess_hooks():
+    net = Net()
+    seen = []
+
+    def act_quantize(x):  # replaces the built-in activation op
+        seen.append("act")
+        return paddle.round(x * 8) / 8
+
+    def weight_preprocess(w):  # runs before the built-in weight op
+        seen.append("weight")
+        return paddle.clip(w, -0.2, 0.2)
+
+    quant_aware(net.main, paddle.CPUPlace(), CONFIG, scope=net.scope, act_quantize_func=act_quantize,
+                weight_preprocess_func=weight_preprocess)
+    types = _types(net.main)
+    assert seen.count("act") == 3 and seen.count("weight") == 3
+    assert ACT_OP + "_" not in types and types.count(WEIGHT_OP) == 3
+    clip = next(op for op in net.main.global_block().ops if op.name() == WEIGHT_OP).operand_source(0)
+    assert clip.get_defining_op().name() == "pd_op.clip"
+
+
 def test_skip_pattern_full_quantize_and_tensorrt_op_sets():
     net = Net(conv_name="skip_quant_conv")
     quant_aware(net.main, paddle.CPUPlace(), CONFIG, scope=net.scope)
