@@ -13,22 +13,25 @@ from qcore.model_io import load_model
 from qcore.quant import log_dequantize, log_quantize
 from qcore.testing import EMBEDDING_INPUT_SPEC, TinyEmbeddingNet, save_tiny_net
 
+LOOKUPS = ["lookup_table", "embedding_with_scaled_gradient"]
 IDS = np.array([[0, 1, 2, 3, 63, 5], [7, 7, 0, 9, 10, 11]], np.int64)
 
 
-@pytest.fixture(scope="module", params=["pir", "legacy_pdmodel"])
+@pytest.fixture(scope="module", params=["pir", "legacy_pdmodel", "pir-scaled", "legacy_pdmodel-scaled"])
 def emb_model(request, tmp_path_factory):
+    """The tiny embedding net; '-scaled' exports its lookup as embedding_with_scaled_gradient."""
     paddle.seed(0)
-    net = TinyEmbeddingNet()
+    fmt, _, scaled = request.param.partition("-")
+    net = TinyEmbeddingNet(scale_grad_by_freq=bool(scaled))
     net.eval()
     directory = tmp_path_factory.mktemp("emb") / request.param
-    save_tiny_net(net, directory, request.param, EMBEDDING_INPUT_SPEC)
+    save_tiny_net(net, directory, fmt, EMBEDDING_INPUT_SPEC)
     return directory
 
 
 def _table_and_graph(directory):
     graph = open_graph(load_model(directory))
-    (op,) = graph.ops(["lookup_table"])
+    (op,) = graph.ops(LOOKUPS)
     return graph, op, graph.get_param(graph.weight_operand(op).name)
 
 
@@ -49,9 +52,9 @@ def test_linear_codes_run_as_the_dequantized_table(emb_model, per_row, tmp_path)
     graph.quantize_lookup(op, codes, scales)
     types = [t.split(".")[-1] for t in graph.op_types()]
     lookups = 2 if per_row else 1  # the per-row scales are looked up with the same ids
-    assert sum(t in ("embedding", "lookup_table_v2") for t in types) == lookups
+    assert sum(t in ("embedding", "lookup_table_v2", "embedding_with_scaled_gradient") for t in types) == lookups
     assert "cast" in types
-    assert graph.weight_operand(graph.ops(["lookup_table"])[0]) is None  # the table is no longer float
+    assert graph.weight_operand(graph.ops(LOOKUPS)[0]) is None  # the table is no longer float
     np.testing.assert_allclose(graph.run({"ids": IDS})[0], expected, rtol=1e-5, atol=1e-6)
     files = graph.save(tmp_path / "q")
     np.testing.assert_allclose(predict(files, {"ids": IDS})[0], expected, rtol=1e-5, atol=1e-6)

@@ -38,9 +38,10 @@ class TinyConvNet(paddle.nn.Layer):
 class TinyEmbeddingNet(paddle.nn.Layer):
     """Embedding lookup (id 0 is padding) -> mean over the sequence -> fc: a recommender's shape."""
 
-    def __init__(self, vocab: int = 64, dim: int = 16, classes: int = 4) -> None:
+    def __init__(self, vocab: int = 64, dim: int = 16, classes: int = 4, scale_grad_by_freq: bool = False) -> None:
         super().__init__()
-        self.emb = paddle.nn.Embedding(vocab, dim, padding_idx=0)
+        # scale_grad_by_freq exports as embedding_with_scaled_gradient instead of lookup_table_v2 / embedding
+        self.emb = paddle.nn.Embedding(vocab, dim, padding_idx=0, scale_grad_by_freq=scale_grad_by_freq)
         self.fc = paddle.nn.Linear(dim, classes)
 
     def forward(self, ids: paddle.Tensor) -> paddle.Tensor:

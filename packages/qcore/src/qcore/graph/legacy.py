@@ -149,7 +149,8 @@ class LegacyGraph(Graph):
         return dequantized
 
     def _build_lookup_dq(self, op: OpRef, weight: Operand, codes: str, scale: str, per_row: bool, log: bool) -> None:
-        out = op.raw.output("Out")[0]
+        ids_slot, out_slot = ("x", "out") if op.type == "embedding_with_scaled_gradient" else ("Ids", "Out")
+        out = op.raw.output(out_slot)[0]
         rows = self.block.create_var(name=self._new_var_name(f"{out}.int8"), dtype="int8")
         op.raw._rename_input(weight.value, codes)
         op.raw._rename_output(out, rows.name)
@@ -171,7 +172,8 @@ class LegacyGraph(Graph):
             value = add("elementwise_mul", {"X": sign, "Y": add("exp", {"X": power}, {})}, {"axis": -1})
         if per_row:
             attrs = {a: op.raw.attr(a) for a in ("padding_idx",) if op.raw.has_attr(a)}
-            scale = add(op.type, {"Ids": op.raw.input("Ids")[0], "W": scale}, attrs)
+            lookup = "lookup_table" if op.type == "lookup_table" else "lookup_table_v2"  # v1 drops a trailing 1
+            scale = add(lookup, {"Ids": op.raw.input(ids_slot)[0], "W": scale}, attrs)
         add("elementwise_mul", {"X": value, "Y": scale}, {"axis": -1}, result=out)
 
     def _new_var_name(self, base: str) -> str:

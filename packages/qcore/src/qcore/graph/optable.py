@@ -46,6 +46,12 @@ OP_TABLE: dict[str, OpSpec] = {
         ("fused_embedding_seq_pool",), ("pd_op.fused_embedding_seq_pool",), weight_slot=("W", "w")
     ),
     "pyramid_hash": OpSpec(("pyramid_hash",), ("pd_op.pyramid_hash",), weight_slot=("W", "w")),
+    # Paddle 3's other table lookups (not seed names): nn.Embedding(scale_grad_by_freq=True) and the
+    # model-parallel vocabulary shard (ids outside [start_index, start_index + rows) give zeros).
+    "embedding_with_scaled_gradient": OpSpec(
+        *_same("embedding_with_scaled_gradient"), weight_slot=("weight", "weight")
+    ),
+    "c_embedding": OpSpec(*_same("c_embedding"), weight_slot=("W", "weight")),
     "elementwise_add": OpSpec(*_same("elementwise_add", "add")),
     "elementwise_sub": OpSpec(*_same("elementwise_sub", "subtract")),
     "pool2d": OpSpec(*_same("pool2d")),
