@@ -77,8 +77,8 @@ def _targets(graph: Graph, cfg: QuantConfig) -> list[tuple[OpRef, Operand | None
 class _Builder:
     """Builds fake-quant ops into a PIR program just before a given op."""
 
-    def __init__(self, program: Any, scope: Any, cfg: QuantConfig, for_test: bool) -> None:
-        self.program, self.cfg, self.for_test = program, cfg, for_test
+    def __init__(self, scope: Any, cfg: QuantConfig, for_test: bool) -> None:
+        self.cfg, self.for_test = cfg, for_test
         self.scope = scope or paddle.static.global_scope()
         self.startup = paddle.static.Program()
 
@@ -170,7 +170,7 @@ def quant_aware(
     targets = _targets(graph, cfg)
     if not targets:
         log.warning("no op of %s found in the program: nothing to quantize", list(cfg.effective_op_types))
-    builder = _Builder(program, scope, cfg, for_test)
+    builder = _Builder(scope, cfg, for_test)
     done: dict[str, Any] = {}
     with static_mode("pir", builder.scope), paddle.static.program_guard(program, builder.startup):
         for op, weight, activations in targets:
@@ -207,7 +207,8 @@ def convert(
     """Freeze a trained test program (from ``quant_aware(..., for_test=True)``) in place.
 
     Returns the program, whose weights are float parameters holding quantize-dequantized
-    values and whose activations go through the frozen QDQ op. With ``save_int8`` returns
+    values and whose activations go through the frozen QDQ op. Ops quantized by custom
+    ``*_quantize_func`` hooks keep the hooks' ops (qqat cannot know what they compute). With ``save_int8`` returns
     ``(program, int8_program)``; the second stores int8 weights (a quarter of the size) and
     runs in the executor and ``paddle.inference`` too. Get its feed/fetch values for
     ``paddle.static.save_inference_model`` with :func:`int8_values`.
