@@ -99,3 +99,14 @@ def test_lookup_that_is_the_model_output(tmp_path):
         ids = np.array([1, 2], np.int64)
         np.testing.assert_array_equal(graph.run({"ids": ids})[0], np.full((2, 4), 0.5, np.float32))
         np.testing.assert_array_equal(predict(graph.save(tmp_path / f"q_{fmt}"), {"ids": ids})[0], np.full((2, 4), 0.5))
+
+
+def test_whole_table_float_dequant_keeps_dequantize_linear_out(emb_model, tmp_path):
+    """float_dequant: int8 storage read through cast -> multiply, which oneDNN's int8 passes leave alone."""
+    graph, op, table = _table_and_graph(emb_model)
+    q = graph.quantize_weight(graph.weight_operand(op), 8, 0, float_dequant=True)
+    expected = _reference(emb_model, q.codes * (q.thresholds / 127)[:, None])
+    types = [t.split(".")[-1] for t in graph.op_types()]
+    assert "dequantize_linear" not in types and "cast" in types
+    np.testing.assert_allclose(graph.run({"ids": IDS})[0], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(predict(graph.save(tmp_path / "q"), {"ids": IDS})[0], expected, rtol=1e-5, atol=1e-6)

@@ -57,6 +57,7 @@ class QuantizedWeight:
     thresholds: np.ndarray
     axis: int | None
     bits: int
+    float_dequant: bool = False  # read through cast -> multiply, never a dequantize_linear op
 
     def dequantized(self) -> np.ndarray:
         """The float weight the codes represent."""
@@ -209,11 +210,15 @@ class Graph(ABC):
         bits: int = 8,
         axis: int | None = None,
         thresholds: np.ndarray | float | None = None,
+        float_dequant: bool = False,
     ) -> QuantizedWeight:
         """Store ``operand``'s parameter as int8/int16 codes read through a dequantize step.
 
         ``axis`` is the channel axis for per-channel scales (None: one scale). Thresholds
         default to the abs max (per channel). A weight shared by several ops is quantized once.
+        ``float_dequant`` makes legacy programs use cast -> elementwise_mul instead of
+        ``dequantize_linear``, which Paddle Inference's oneDNN int8 passes fold into the op: right
+        for ops without int8 kernels (measured: ``c_embedding`` then fails to run).
         """
         if not operand.is_param:
             raise GraphError(f"{operand.name!r} is not a parameter; only weights can be stored quantized")
@@ -222,7 +227,7 @@ class Graph(ABC):
             thresholds = abs_max(weight, axis)
         thr = np.atleast_1d(np.asarray(thresholds, dtype=np.float64))
         codes = quantize(weight, scale_from_threshold(thr if axis is not None else thr[0], bits), bits, axis)
-        quantized = QuantizedWeight(codes, thr, axis, bits)
+        quantized = QuantizedWeight(codes, thr, axis, bits, float_dequant)
         with self._editing():
             if operand.name not in self._weight_dq:
                 self._weight_dq[operand.name] = self._build_weight_dq(operand, quantized)

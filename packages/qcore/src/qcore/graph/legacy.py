@@ -129,13 +129,13 @@ class LegacyGraph(Graph):
         dequantized = self._tmp_var(f"{name}.dequantized", name)
         at = self._index(operand.op.raw)
         axis = -1 if weight.axis is None else weight.axis
-        if weight.bits > 8:  # Paddle has no int16 dequantize_linear kernel: cast, then scale
+        if weight.bits > 8 or weight.float_dequant:  # no int16 dequantize_linear kernel: cast, then scale
             scales = np.asarray(scale_from_threshold(weight.thresholds, weight.bits), np.float32)
             scale = self._add_param(self._new_param_name(f"{name}@scale"), scales)
             as_float = self._tmp_var(f"{name}.as_float", name)
             self.block._insert_op(
                 at, type="cast", inputs={"X": [codes]}, outputs={"Out": [as_float]},
-                attrs={"in_dtype": _INT_DTYPES[16], "out_dtype": core.VarDesc.VarType.FP32},
+                attrs={"in_dtype": _INT_DTYPES[16 if weight.bits > 8 else 8], "out_dtype": core.VarDesc.VarType.FP32},
             )
             self.block._insert_op(
                 at + 1, type="elementwise_mul", inputs={"X": [as_float], "Y": [scale]},
