@@ -10,7 +10,7 @@ from qcore.errors import ConfigError, GraphError
 from qcore.graph import open_graph
 from qcore.inference import predict
 from qcore.model_io import find_model_files, load_model
-from qembed import quant_embedding, quant_embedding_model
+from qembed import quant_embedding, quant_embedding_model, quantize_table
 
 VOCAB, DIM = 2000, 32  # TinyEmbeddingNet's table in conftest.py
 
@@ -170,17 +170,87 @@ def test_bad_input(emb_model, tmp_path):
     assert not (tmp_path / "q").exists()
 
 
-def test_pyramid_hash_is_refused_by_name():
-    """Paddle 3.3.1 builds pyramid_hash programs, but its CPU kernel rejects an int8 table."""
+def test_pyramid_hash_table_is_stored_int8_and_dequantized_whole():
+    """Paddle 3.3.1's CPU pyramid_hash kernel rejects an int8 W: the table is dequantized in front of it."""
     paddle.enable_static()
     with paddle.pir_utils.OldIrGuard():
-        main, startup = paddle.static.Program(), paddle.static.Program()
-        with paddle.static.program_guard(main, startup):
+        main, startup, scope = paddle.static.Program(), paddle.static.Program(), paddle.static.Scope()
+        with paddle.static.program_guard(main, startup), paddle.static.scope_guard(scope):
             x = paddle.static.data("x", [None, 1], "int32", lod_level=1)
-            paddle.incubate.layers.search_pyramid_hash(
+            out = paddle.incubate.layers.search_pyramid_hash(
                 x, num_emb=8, space_len=1000, pyramid_layer=3, rand_len=8, drop_out_percent=0.0,
                 is_training=False, use_filter=False, white_list_len=1, black_list_len=1, seed=1, lr=0.0,
+                param_attr=paddle.ParamAttr(name="ph_w"),
             )
-        with pytest.raises(GraphError, match="pyramid_hash.*int8 W.*remove 'pyramid_hash' from quantize_op_types"):
-            quant_embedding(main, None, None, paddle.static.Scope())
+            exe = paddle.static.Executor(paddle.CPUPlace())
+            exe.run(startup)
+            table = np.random.default_rng(0).normal(size=(1008, 1)).astype(np.float32)
+            scope.var("ph_w").get_tensor().set(table, paddle.CPUPlace())
+            with pytest.raises(GraphError, match="pyramid_hash, whose CPU kernel rejects int8.*'abs_max'"):
+                quant_embedding(main.clone(), None, {"quantize_type": "log"}, scope)
+            quant_embedding(main, None, {"quantize_op_types": ["pyramid_hash"]}, scope)
+            (op,) = [op for op in main.global_block().ops if op.type == "pyramid_hash"]
+            block = main.global_block()
+            (mul,) = [o for o in block.ops if op.input("W")[0] in o.output_arg_names]
+            (cast,) = [o for o in block.ops if mul.input("X")[0] in o.output_arg_names]
+            assert (mul.type, cast.type) == ("elementwise_mul", "cast")  # not dequantize_linear: see qcore
+            assert np.array(scope.find_var(cast.input("X")[0]).get_tensor()).dtype == np.int8
+            ids = paddle.base.core.DenseTensor()
+            ids.set(np.array([[11], [22], [33], [44]], np.int32), paddle.CPUPlace())
+            ids.set_recursive_sequence_lengths([[3, 1]])
+            result = np.array(exe.run(main, feed={"x": ids}, fetch_list=[out], return_numpy=False)[0])
+            assert result.shape[1] == 8
     paddle.disable_static()
+
+
+@pytest.mark.parametrize("family", ["pir", "legacy"])
+def test_c_embedding_vocabulary_shard(family, tmp_path):
+    """c_embedding (a model-parallel shard: ids outside [start, start + rows) give zeros) rejects int8
+    tables on CPU, so its table is dequantized whole; the program runs in the executor and in inference."""
+    guard = paddle.pir_utils.OldIrGuard() if family == "legacy" else paddle.pir_utils.IrGuard()
+    table = np.random.default_rng(0).normal(0, 0.1, (50, 8)).astype(np.float32)
+    ids = np.array([[100, 149], [150, 120]], np.int64)  # the shard holds ids 100..149
+    paddle.enable_static()
+    with guard:
+        main, startup, scope = paddle.static.Program(), paddle.static.Program(), paddle.static.Scope()
+        with paddle.static.program_guard(main, startup), paddle.static.scope_guard(scope):
+            x = paddle.static.data("ids", [None, 2], "int64")
+            w = paddle.static.create_parameter([50, 8], "float32", name="shard")
+            if family == "pir":
+                looked_up = paddle._C_ops.c_embedding(w, x, 100, 200)
+            else:
+                looked_up = main.global_block().create_var(name="looked_up", dtype="float32", shape=[-1, 2, 8])
+                main.global_block().append_op(
+                    type="c_embedding", inputs={"W": [w], "Ids": [x]}, outputs={"Out": [looked_up]},
+                    attrs={"start_index": 100, "vocab_size": 200},
+                )
+            y = looked_up
+            exe = paddle.static.Executor(paddle.CPUPlace())
+            exe.run(startup)
+            scope.var("shard").get_tensor().set(table, paddle.CPUPlace())
+            quant_embedding(main, None, {"per_row": True}, scope)
+            got = exe.run(main, feed={"ids": ids}, fetch_list=[y])[0]
+            paddle.static.save_inference_model(str(tmp_path / "m" / "inference"), [x], [y], exe, program=main)
+    paddle.disable_static()
+    dequantized = quantize_table(table, per_row=True).dequantize()
+    expected = np.stack([dequantized[[0, 49]], np.stack([np.zeros(8), dequantized[20]])])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(predict(find_model_files(tmp_path / "m"), {"ids": ids})[0], expected, rtol=1e-5,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", ["pir", "legacy_combined"])
+def test_scale_grad_by_freq_embedding_counts_as_lookup_table(fmt, ids, tmp_path):
+    """nn.Embedding(scale_grad_by_freq=True) exports embedding_with_scaled_gradient; 'lookup_table' covers it."""
+    from qcore.testing import EMBEDDING_INPUT_SPEC, TinyEmbeddingNet, save_tiny_net
+
+    paddle.seed(0)
+    net = TinyEmbeddingNet(VOCAB, DIM, scale_grad_by_freq=True)
+    net.eval()
+    kwargs = save_tiny_net(net, tmp_path / "m", fmt, EMBEDDING_INPUT_SPEC)
+    files, (report,) = quant_embedding_model(tmp_path / "m", tmp_path / "q", {"quantize_op_types": ["lookup_table"]},
+                                             **kwargs)
+    assert report.op_types == ("embedding_with_scaled_gradient",) and not report.whole_table
+    reference = net(paddle.to_tensor(ids)).numpy()
+    deployed = predict(files, {"ids": ids})[0]
+    assert np.linalg.norm(deployed - reference) / np.linalg.norm(reference) < 0.02

@@ -19,15 +19,21 @@ import paddle
 from qcore.errors import GraphError, did_you_mean
 from qcore.graph import Graph, OpRef, open_graph
 from qcore.model_io import Model, ModelFiles, load_model
+from qcore.quant import qmax
 
 from .config import EmbeddingConfig, TableConfig
 from .table import TableChoice, choose_table_quantization
 
-# Op types of the seeds that Paddle 3.3.1 (CPU) cannot run with a quantized table.
-UNSUPPORTED_OPS = {
-    "fused_embedding_seq_pool": "Paddle 3 no longer registers this op, so no Paddle 3 program can hold it",
-    "pyramid_hash": "Paddle 3.3.1's CPU pyramid_hash kernel rejects an int8 W (and returns all zeros for a float W)",
+# The op types each seed op type covers (qcore.graph.OP_TABLE names).
+OP_FAMILIES = {
+    "lookup_table": ("lookup_table", "embedding_with_scaled_gradient", "c_embedding"),
+    "fused_embedding_seq_pool": ("fused_embedding_seq_pool",),
+    "pyramid_hash": ("pyramid_hash",),
 }
+# Ops whose Paddle 3.3.1 CPU kernel rejects an int8 table (measured): their table is stored as int8
+# and dequantized as a whole in front of the op. The file shrinks; run-time memory does not.
+WHOLE_TABLE_OPS = ("c_embedding", "pyramid_hash")
+NOT_IN_PADDLE_3 = "fused_embedding_seq_pool cannot occur: Paddle 3 no longer registers it"
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class TableReport:
     op_types: tuple[str, ...]
     shape: tuple[int, ...]
     choice: TableChoice
+    whole_table: bool = False  # dequantized as a whole before the op (its kernel rejects int8 tables)
 
     @property
     def float_bytes(self) -> int:
@@ -104,13 +111,9 @@ def quant_embedding_model(
 def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> list[TableReport]:
     """Rewrite every matched lookup of ``graph``; one :class:`TableReport` per table."""
     cfg = EmbeddingConfig.from_dict(config)
+    seed_of = {op_type: seed for seed in cfg.op_types for op_type in OP_FAMILIES[seed]}
     tables: dict[str, list[OpRef]] = {}
-    for op in graph.ops(cfg.op_types):
-        if op.seed_type in UNSUPPORTED_OPS:
-            raise GraphError(
-                f"cannot quantize the table of {op.seed_type} op {op!r}: {UNSUPPORTED_OPS[op.seed_type]}; "
-                f"remove {op.seed_type!r} from quantize_op_types to quantize the other tables"
-            )
+    for op in graph.ops(seed_of):
         weight = graph.weight_operand(op)
         if weight is not None:  # None: the table is not a float parameter (already quantized)
             tables.setdefault(weight.name, []).append(op)
@@ -119,14 +122,27 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> li
     for name, ops in tables.items():
         if cfg.params_names is not None and name not in cfg.params_names:
             continue
-        table_cfg: TableConfig = cfg.tables[ops[0].seed_type or ""]
+        table_cfg: TableConfig = cfg.tables[seed_of[ops[0].seed_type or ""]]
+        whole_table = any(op.seed_type in WHOLE_TABLE_OPS for op in ops)
+        if whole_table and table_cfg.quantize_type == "log":
+            raise GraphError(
+                f"table {name!r} is read by {ops[0].seed_type}, whose CPU kernel rejects int8 tables, so it is "
+                "dequantized as a whole by Paddle's linear dequantize; use quantize_type 'abs_max' for it"
+            )
         table = graph.get_param(name)
         choice = choose_table_quantization(
             table, table_cfg.quantize_type, table_cfg.quantize_bits, table_cfg.per_row, table_cfg.threshold
         )
+        q = choice.table
         for op in ops:
-            graph.quantize_lookup(op, choice.table.codes, choice.table.scales, log=choice.table.quantize_type == "log")
-        reports.append(TableReport(name, tuple(sorted({o.seed_type or "" for o in ops})), table.shape, choice))
+            if whole_table:
+                thresholds = q.scales.astype(np.float64) * qmax(q.bits)
+                axis = 0 if choice.per_row else None
+                graph.quantize_weight(graph.weight_operand(op), q.bits, axis, thresholds, float_dequant=True)
+            else:
+                graph.quantize_lookup(op, q.codes, q.scales, log=q.quantize_type == "log")
+        op_types = tuple(sorted({o.seed_type or "" for o in ops}))
+        reports.append(TableReport(name, op_types, table.shape, choice, whole_table))
     return reports
 
 
@@ -134,7 +150,7 @@ def _check_found(tables: Mapping[str, list[OpRef]], cfg: EmbeddingConfig) -> Non
     if not tables:
         raise GraphError(
             f"no {' / '.join(cfg.op_types)} op with a float parameter table in the program; check "
-            "quantize_op_types (fused_embedding_seq_pool cannot occur: Paddle 3 no longer registers it)"
+            f"quantize_op_types ({NOT_IN_PADDLE_3})"
         )
     for name in cfg.params_names or ():
         if name not in tables:
