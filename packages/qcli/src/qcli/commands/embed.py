@@ -66,7 +66,8 @@ def _run_model(qembed: Any, args: argparse.Namespace) -> int:
     print("|---|---|---|---|---|---:|---:|---:|---:|")
     for r in reports:
         q = r.choice.table
-        print(f"| {r.name} | {', '.join(r.op_types)} | {r.shape[0]}x{r.shape[1]} | {q.quantize_type} int{q.bits} | "
+        scheme = f"{q.quantize_type} int{q.bits}{' (whole table dequantized)' if r.whole_table else ''}"
+        print(f"| {r.name} | {', '.join(r.op_types)} | {r.shape[0]}x{r.shape[1]} | {scheme} | "
               f"{'per-row' if r.choice.per_row else 'one'} | {r.choice.whole_table_error:.4f} | "
               f"{r.choice.per_row_error:.4f} | {r.float_bytes / 2**20:.2f} | {r.quantized_bytes / 2**20:.2f} |")
     source = args.source if args.source.is_dir() else args.source.parent
