@@ -163,6 +163,8 @@ def test_bad_input(emb_model, tmp_path):
         quant_embedding_model(directory, tmp_path / "q", {"threshold": -1}, **kwargs)
     with pytest.raises(ConfigError, match="dtype"):
         quant_embedding_model(directory, tmp_path / "q", {"dtype": "int4"}, **kwargs)
+    with pytest.raises(GraphError, match="fused_embedding_seq_pool cannot occur: Paddle 3 no longer registers it"):
+        quant_embedding_model(directory, tmp_path / "q", {"quantize_op_types": "fused_embedding_seq_pool"}, **kwargs)
     with pytest.raises(GraphError, match="no pyramid_hash op"):
         quant_embedding_model(directory, tmp_path / "q", {"quantize_op_types": ["pyramid_hash"]}, **kwargs)
     with pytest.raises(GraphError, match="paddle.static.Program"):
