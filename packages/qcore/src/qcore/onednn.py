@@ -1,0 +1,53 @@
+"""What Paddle Inference's oneDNN int8 path (Paddle 3.3.1, CPU) does to a legacy QDQ model's
+fully connected weights, reproduced in numpy so quantizers can check a layer before shipping it.
+
+Measured and traced to the passes (``benchmarks/results/fidelity.md`` has the numbers):
+
+* ``compute_propagate_scales_onednn_pass`` recomputes the per-output-channel scales of an
+  ``fc`` weight ``W[K, N]`` as the abs max of contiguous ``K``-element runs of the row-major
+  buffer (run ``i`` = flat elements ``i*K .. i*K+K-1``), not of column ``i``. The int8 kernel
+  then re-quantizes column ``i`` with that scale: columns whose abs max exceeds their run's are
+  clipped, the others lose resolution.
+* When ``K == N``, ``quant_dequant_onednn_pass`` applies per-channel weight scales along the
+  input axis instead of the output axis while turning the stored int8 weight back into float.
+
+Convolution weights (``[C_out, ...]``, runs = rows) are not affected.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def deployed_fc_weight(weight: np.ndarray) -> np.ndarray:
+    """The ``[K, N]`` weight oneDNN's int8 fc effectively multiplies by, given the float weight
+    it sees after dequantizing the stored codes (for ``K != N``)."""
+    k, n = weight.shape
+    runs = np.abs(weight.reshape(-1)[: k * n].reshape(n, k)).max(1)  # run i -> "scale" of column i
+    runs = np.where(runs > 0, runs, 1.0)
+    codes = np.clip(np.round(weight / runs * 127.0), -127, 127)
+    return (codes * runs / 127.0).astype(np.float32)
+
+
+def fc_int8_error(weight: np.ndarray, dequantized: np.ndarray, per_channel: bool = True) -> tuple[float, float]:
+    """(relative error of our int8 weight, relative error of what oneDNN will run) vs ``weight``.
+
+    ``dequantized`` is the weight our stored codes represent. A square weight with per-channel
+    scales gets an infinite deployed error: its scales are applied along the wrong axis.
+    """
+    norm = float(np.linalg.norm(weight)) or 1.0
+    ours = float(np.linalg.norm(dequantized - weight)) / norm
+    if weight.ndim != 2:
+        return ours, ours
+    if per_channel and weight.shape[0] == weight.shape[1]:
+        return ours, float("inf")
+    return ours, float(np.linalg.norm(deployed_fc_weight(dequantized) - weight)) / norm
+
+
+#: Seed op types whose int8-stored weight Paddle Inference cannot run on CPU with the int8
+#: switch on: ``quant_dequant_onednn_pass`` drops the weight's dequantize op but only turns
+#: conv2d / depthwise_conv2d / mul / matmul weights back into float, so the op reads int8 data
+#: and fails ("float32 ... does not match ... int8", measured on PP-OCRv4 det).
+INT8_WEIGHT_UNSUPPORTED = {
+    "conv2d_transpose": "Paddle Inference 3.3.1 has no int8 conv2d_transpose on CPU and fails on its int8 weight",
+}
