@@ -5,14 +5,14 @@ import paddle
 import pytest
 
 from qcore.model_io import load_model
-from qcore.quant import fake_quantize, scale_from_threshold
+from qcore.quant import fake_quantize
 from qptq import PostTrainingQuantization
 from qptq.bias_correction import ChannelMean, output_shift
 
 
 def _rounded(w: np.ndarray, bits: int = 4) -> np.ndarray:
     thr = np.abs(w).reshape(w.shape[0], -1).max(1)
-    return fake_quantize(w, scale_from_threshold(thr, bits), bits, axis=0)
+    return fake_quantize(w, thr, bits, axis=0)
 
 
 @pytest.mark.parametrize("groups", [1, 4])

@@ -7,6 +7,7 @@ in the executor and in ``paddle.inference`` on CPU. Activations stay in float.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,9 +17,11 @@ from qcore.constants import WEIGHT_QUANTIZE_TYPES
 from qcore.errors import ConfigError
 from qcore.graph import open_graph
 from qcore.model_io import ModelFiles, load_model
+from qcore.onednn import INT8_WEIGHT_UNSUPPORTED
 
 from .naming import output_names
 
+log = logging.getLogger(__name__)
 DYNAMIC_OP_TYPES = ("conv2d", "depthwise_conv2d", "mul", "conv2d_transpose", "matmul", "matmul_v2")
 
 
@@ -54,6 +57,9 @@ def quant_post_dynamic(
     for op, twin in zip(ops, twins):
         weight = graph.weight_operand(op)
         if weight is None:
+            continue
+        if graph.family == "legacy" and op.seed_type in INT8_WEIGHT_UNSUPPORTED:
+            log.warning("%r left in float: %s", op, INT8_WEIGHT_UNSUPPORTED[op.seed_type])
             continue
         stored = graph.quantize_weight(weight, weight_bits, graph.weight_channel_axis(op) if per_channel else None)
         if test_graph is not None:

@@ -1,0 +1,109 @@
+"""Paddle Inference's oneDNN int8 path must run what the executor simulates (legacy output)."""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+
+from qcore.inference import predict
+from qcore.model_io import find_model_files, load_model
+from qcore.onednn import deployed_fc_weight
+from qcore.quant import abs_max, fake_quantize
+from qptq import quant_post_dynamic, quant_post_static
+
+K, N = 32, 96
+
+
+class TwoFc(paddle.nn.Layer):
+    """fc [32, 96] whose columns span 100x in scale, then a square fc [96, 96]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = paddle.nn.Linear(K, N)
+        self.fc2 = paddle.nn.Linear(N, N)
+        w = np.random.default_rng(0).standard_normal((K, N)) * np.logspace(0, -2, N)
+        self.fc1.weight.set_value(w.astype("float32"))
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return self.fc2(self.fc1(x))
+
+
+class Upsampler(paddle.nn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = paddle.nn.Conv2D(3, 8, 3, padding=1)
+        self.up = paddle.nn.Conv2DTranspose(8, 4, 2, stride=2)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return self.up(paddle.nn.functional.relu(self.conv(x)))
+
+
+def _save_legacy(net: paddle.nn.Layer, path, shape) -> None:
+    net.eval()
+    with paddle.pir_utils.OldIrGuard():
+        paddle.jit.save(net, str(path / "inference"), input_spec=[paddle.static.InputSpec(shape, "float32", "x")])
+
+
+@pytest.fixture(scope="module")
+def two_fc(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("twofc")
+    paddle.seed(0)
+    net = TwoFc()
+    _save_legacy(net, directory, [None, K])
+    x = np.random.default_rng(1).standard_normal((64, K)).astype("float32")
+    return directory, net, x
+
+
+def _quantize(directory, out, x, **options):
+    return quant_post_static(None, directory, out, sample_generator=lambda: iter(x), batch_size=16, algo="abs_max",
+                             save_model_filename=None, save_params_filename=None, **options)
+
+
+def _relative(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def test_emulation_reproduces_what_onednn_runs(two_fc, tmp_path):
+    directory, net, x = two_fc
+    fc1 = paddle.nn.Linear(K, N)
+    fc1.set_state_dict(net.fc1.state_dict())
+    single = tmp_path / "single"
+    _save_legacy(fc1, single, [None, K])
+    report = _quantize(single, tmp_path / "int8", x, onednn_fallback=False)
+    deployed = predict(find_model_files(tmp_path / "int8"), {"x": x})[0]
+    w = net.fc1.weight.numpy()
+    ours = fake_quantize(w, abs_max(w, 1), 8, 1)
+    threshold = report["layers"][0]["inputs"]["x"]["threshold"]
+    emulated = fake_quantize(x, threshold, 8) @ deployed_fc_weight(ours) + net.fc1.bias.numpy()
+    reference = fc1(paddle.to_tensor(x)).numpy()
+    assert _relative(deployed, reference) > 0.3  # oneDNN really runs the wrong scales ...
+    assert _relative(deployed, emulated) < 0.01  # ... exactly the ones qcore.onednn predicts
+
+
+def test_bad_fc_layers_stay_float_so_deployed_matches_simulated(two_fc, tmp_path):
+    directory, net, x = two_fc
+    reference = net(paddle.to_tensor(x)).numpy()
+    unsafe = tmp_path / "unsafe"
+    _quantize(directory, unsafe, x, onednn_fallback=False)
+    assert _relative(predict(find_model_files(unsafe), {"x": x})[0], reference) > 0.3
+
+    report = _quantize(directory, tmp_path / "safe", x)
+    reasons = [layer.get("left_float", "") for layer in report["layers"]]
+    assert "K-element runs" in reasons[0] and "square weight" in reasons[1]
+    files = find_model_files(tmp_path / "safe")
+    simulated = load_model(files.directory).run({"x": x})[0]
+    np.testing.assert_allclose(predict(files, {"x": x})[0], simulated, rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_transpose_is_left_float_instead_of_crashing(tmp_path):
+    paddle.seed(0)
+    _save_legacy(Upsampler(), tmp_path / "float", [None, 3, 8, 8])
+    x = np.random.default_rng(2).standard_normal((8, 3, 8, 8)).astype("float32")
+    report = _quantize(tmp_path / "float", tmp_path / "static", x, quantizable_op_type=["conv2d", "conv2d_transpose"])
+    assert [layer.get("left_float", "")[:30] for layer in report["layers"]] == ["", "Paddle Inference 3.3.1 has no "]
+    quant_post_dynamic(tmp_path / "float", tmp_path / "dynamic", quantizable_op_type=["conv2d", "conv2d_transpose"])
+    for name in ("static", "dynamic"):
+        files = find_model_files(tmp_path / name)
+        simulated = load_model(files.directory).run({"x": x})[0]
+        np.testing.assert_allclose(predict(files, {"x": x})[0], simulated, rtol=1e-3, atol=1e-3)
