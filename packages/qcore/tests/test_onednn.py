@@ -23,3 +23,35 @@ def test_errors_flag_square_per_channel_and_pass_uniform_columns():
     uniform = rng.uniform(-1, 1, (64, 16)).astype(np.float32)  # every run and column has max ~1
     ours, deployed = fc_int8_error(uniform, uniform)
     assert ours == 0 and deployed < 0.01
+
+
+def test_int8_weight_problem_on_graphs(tmp_path):
+    import paddle
+
+    from qcore.graph import open_graph
+    from qcore.model_io import load_model
+    from qcore.onednn import int8_weight_problem
+
+    class Net(paddle.nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.square = paddle.nn.Linear(8, 8)
+            self.wide = paddle.nn.Linear(8, 3)
+            self.up = paddle.nn.Conv2DTranspose(1, 2, 2)
+
+        def forward(self, x):
+            return self.wide(self.square(x)), self.up(paddle.reshape(x, [-1, 1, 2, 4]))
+
+    paddle.seed(0)
+    spec = [paddle.static.InputSpec([None, 8], "float32", "x")]
+    with paddle.pir_utils.DygraphOldIrGuard():
+        paddle.jit.save(Net(), str(tmp_path / "legacy" / "m"), input_spec=spec)
+    paddle.jit.save(Net(), str(tmp_path / "pir" / "m"), input_spec=spec)
+    legacy = open_graph(load_model(tmp_path / "legacy"))
+    square, wide = legacy.ops(["mul"])
+    assert "wrong axis" in int8_weight_problem(legacy, square)
+    assert "K-element runs" in int8_weight_problem(legacy, wide)  # 3.3 % deployed vs 0.4 % ours
+    assert int8_weight_problem(legacy, wide, tolerance=0.1) is None
+    assert "conv2d_transpose" in int8_weight_problem(legacy, legacy.ops(["conv2d_transpose"])[0])
+    pir = open_graph(load_model(tmp_path / "pir"))
+    assert all(int8_weight_problem(pir, op) is None for op in pir.ops(["mul", "conv2d_transpose"]))

@@ -16,7 +16,14 @@ Convolution weights (``[C_out, ...]``, runs = rows) are not affected.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+from .quant import abs_max, fake_quantize
+
+if TYPE_CHECKING:
+    from .graph import Graph, OpRef
 
 
 def deployed_fc_weight(weight: np.ndarray) -> np.ndarray:
@@ -51,3 +58,32 @@ def fc_int8_error(weight: np.ndarray, dequantized: np.ndarray, per_channel: bool
 INT8_WEIGHT_UNSUPPORTED = {
     "conv2d_transpose": "Paddle Inference 3.3.1 has no int8 conv2d_transpose on CPU and fails on its int8 weight",
 }
+
+#: A legacy fc stays float when oneDNN's effective weight error exceeds ours by more than this
+#: (relative Frobenius error; the demo's fc: 2.0 % vs 0.5 %, PP-OCRv4 rec's: 6-20 % vs 0.7 %).
+FC_TOLERANCE = 0.02
+_FC_KINDS = ("mul", "matmul", "matmul_v2")
+
+
+def int8_weight_problem(
+    graph: Graph, op: OpRef, bits: int = 8, per_channel: bool = True, tolerance: float = FC_TOLERANCE
+) -> str | None:
+    """Why Paddle Inference's oneDNN int8 path would run ``op``'s int8 weight wrongly or fail,
+    or None when it is fine. Only legacy graphs are affected (PIR output runs float kernels)."""
+    weight = graph.weight_operand(op)
+    if graph.family != "legacy" or weight is None:
+        return None
+    if op.seed_type in INT8_WEIGHT_UNSUPPORTED:
+        return INT8_WEIGHT_UNSUPPORTED[op.seed_type]
+    axis = graph.weight_channel_axis(op)
+    if op.seed_type not in _FC_KINDS or axis != 1:
+        return None
+    w = graph.get_param(weight.name)
+    ours = fake_quantize(w, abs_max(w, axis if per_channel else None), bits, axis if per_channel else None)
+    own_error, deployed_error = fc_int8_error(w, ours, per_channel)
+    if deployed_error <= own_error + tolerance:
+        return None
+    if deployed_error == float("inf"):
+        return "oneDNN int8 fc applies per-channel scales of a square weight along the wrong axis (Paddle 3.3.1)"
+    return (f"oneDNN int8 fc would run this [K, N] weight with {deployed_error:.1%} error vs our "
+            f"{own_error:.1%} (Paddle 3.3.1 takes fc weight scales over K-element runs, not columns)")
