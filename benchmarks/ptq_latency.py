@@ -1,0 +1,109 @@
+"""Latency of float vs int8 in paddle.inference on ResNet/MobileNet-size networks (random weights).
+
+For each network: export the float model (legacy .pdmodel and PIR .json), quantize it with
+``qptq.quant_post_static`` (16 random calibration images), optionally with PaddleSlim 2.6 in its
+own venv (``--paddleslim-python``), and time every model in one process with oneDNN + the int8
+switch, 2 threads, batch 1 and 8. Writes ``benchmarks/results/ptq_latency.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import paddle
+
+from qcore.inference import create_predictor, run_predictor
+from qcore.model_io import ModelFiles, find_model_files
+from qptq import quant_post_static
+
+RESULTS = Path(__file__).parent / "results"
+NETS = {
+    "ResNet18": paddle.vision.models.resnet18,
+    "ResNet50": paddle.vision.models.resnet50,
+    "MobileNetV2": paddle.vision.models.mobilenet_v2,
+}
+SLIM_SCRIPT = Path(__file__).parent / "paddleslim_ptq.py"
+
+
+def export(name: str, work: Path) -> dict[str, Path]:
+    paddle.seed(0)
+    net = NETS[name]()
+    net.eval()
+    spec = [paddle.static.InputSpec([None, 3, 224, 224], "float32", "image")]
+    with paddle.pir_utils.OldIrGuard():
+        paddle.jit.save(net, str(work / name / "legacy" / "inference"), input_spec=spec)
+    paddle.jit.save(net, str(work / name / "pir" / "inference"), input_spec=spec)
+    return {"legacy": work / name / "legacy", "pir": work / name / "pir"}
+
+
+def latency_ms(files: ModelFiles, batch: int, repeats: int) -> float:
+    predictor = create_predictor(files)
+    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype("float32")
+    for _ in range(2):
+        run_predictor(predictor, {"image": x})
+    start = time.perf_counter()
+    for _ in range(repeats):
+        run_predictor(predictor, {"image": x})
+    return (time.perf_counter() - start) / repeats * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nets", nargs="+", default=list(NETS))
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--paddleslim-python", default=None, help="python of a venv with paddleslim 2.6")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="qlatency-"))
+    calib = np.random.default_rng(1).standard_normal((16, 3, 224, 224)).astype("float32")
+    np.save(work / "calib.npy", calib)
+    rows = []
+    for name in args.nets:
+        dirs = export(name, work)
+        models = {"float (legacy)": find_model_files(dirs["legacy"])}
+        for family in ("legacy", "pir"):
+            out = work / name / f"int8_{family}"
+            quant_post_static(None, dirs[family], out, sample_generator=lambda: iter(calib), batch_size=8,
+                              algo="KL", optimize_model=True, save_model_filename=None, save_params_filename=None)
+            models[f"ours int8 ({family})"] = find_model_files(out)
+        if args.paddleslim_python:
+            out = work / name / "paddleslim"
+            subprocess.run([args.paddleslim_python, str(SLIM_SCRIPT), str(work / "calib.npy"), str(dirs["legacy"]),
+                            str(out), "KL", "8"], check=True, capture_output=True)
+            models["PaddleSlim 2.6 int8"] = find_model_files(out)
+        timings = {}
+        for label, files in models.items():
+            for batch in (1, 8):
+                try:
+                    timings[label, batch] = latency_ms(files, batch, args.repeats)
+                except Exception as exc:  # report what Paddle Inference does with each output
+                    timings[label, batch] = f"fails: {str(exc).splitlines()[0][:60]}"
+        for label in models:
+            cells = []
+            for batch in (1, 8):
+                t, base = timings[label, batch], timings["float (legacy)", batch]
+                cells += [f"{t:.1f}", f"{base / t:.2f}x"] if isinstance(t, float) else [t, "-"]
+            rows.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
+        print("\n".join(rows[-len(models):]), flush=True)
+    lines = [
+        "# Inference latency, float vs int8 (paddle.inference, CPU)",
+        "",
+        f"Paddle {paddle.__version__}, {platform.processor() or platform.machine()}, 2 threads, oneDNN + int8 "
+        f"switch, random weights, mean of {args.repeats} runs after 2 warm-ups; speed-up = float / model in the "
+        "same run. Re-run: `python benchmarks/ptq_latency.py [--paddleslim-python VENV/bin/python]`.",
+        "",
+        "| net | model | b=1 (ms) | b=1 speed-up | b=8 (ms) | b=8 speed-up |",
+        "|---|---|---:|---:|---:|---:|",
+        *rows,
+    ]
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "ptq_latency.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
