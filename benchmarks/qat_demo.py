@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import paddle
-from run_all import latency_ms, top1
+from ptq_demo import latency_ms, top1
 
 from qcore.demo import demo_model_dir, load_demo_data
 from qcore.model_io import find_model_files
