@@ -147,6 +147,25 @@ def test_save_runs_in_executor_and_inference_like_the_qat_model(tmp_path, family
     assert np.abs(deployed - reference).max() < 0.05 * scale
 
 
+def test_legacy_export_keeps_float_what_onednn_would_run_wrongly(tmp_path):
+    paddle.seed(0)
+    net = paddle.nn.Sequential(paddle.nn.Linear(8, 8), paddle.nn.ReLU(), paddle.nn.Linear(8, 3))
+    qat = QAT()
+    qat.quantize(net)
+    x = np.random.default_rng(0).normal(size=(16, 8)).astype("float32")
+    net.train()
+    net(paddle.to_tensor(x))
+    spec = [paddle.static.InputSpec([None, 8], "float32", "x")]
+    files = qat.save_quantized_model(net, tmp_path / "legacy" / "m", spec, family="legacy")
+    square = net[0].layer.weight.name
+    assert "wrong axis" in qat.left_float[square]  # square per-channel fc weight
+    types = open_graph(load_model(files.directory)).op_types()
+    assert types.count("quantize_linear") == 2 - len(qat.left_float)
+    np.testing.assert_allclose(predict(files, {"x": x})[0], logits(net, x), atol=0.05)
+    qat.save_quantized_model(net, tmp_path / "pir" / "m", spec)
+    assert qat.left_float == {}  # the PIR form runs float kernels: nothing to avoid
+
+
 def test_save_needs_a_quantized_model(tmp_path):
     with pytest.raises(QuantError, match="call QAT"):
         QAT().save_quantized_model(TinyConvNet(), tmp_path / "m", TINY_SPEC)

@@ -25,6 +25,7 @@ from qcore.config import QuantConfig
 from qcore.errors import ConfigError, QuantError
 from qcore.graph import Graph, OpRef, open_graph, quantize_op
 from qcore.model_io import ModelFiles, load_model
+from qcore.onednn import int8_weight_problem
 from qcore.paddle_env import FAMILIES
 
 from .config import dygraph_config
@@ -48,6 +49,7 @@ class QAT:
 
     def __init__(self, config: Mapping[str, Any] | QuantConfig | None = None) -> None:
         self.config = dygraph_config(config)
+        self.left_float: dict[str, str] = {}  # weight name -> why the last export kept that layer float
 
     def quantize(self, model: nn.Layer) -> nn.Layer:
         """Wrap every layer of ``quantizable_layer_type`` in place; returns ``model``.
@@ -86,6 +88,9 @@ class QAT:
         int8-stored weights that Paddle Inference runs with oneDNN int8 kernels). Conv +
         batch_norm pairs are folded when every weight is quantized per channel (``fold_bn=None``;
         folding is then exact); the file is written atomically. The model is not changed.
+        In the legacy family, a layer whose int8 weight Paddle Inference's oneDNN path would run
+        wrongly (see :func:`qcore.onednn.int8_weight_problem`) stays float; ``self.left_float``
+        lists them with the reason.
         """
         if family not in FAMILIES:
             raise ConfigError(f"family={family!r} is not valid; valid choices: 'pir', 'legacy'")
@@ -103,7 +108,13 @@ class QAT:
             targets = _match_ops(graph, wrapped)
             if fold:
                 graph.fold_conv_bn()
+            self.left_float = {}
             for layer, op in targets:
+                reason = int8_weight_problem(graph, op, self.config.weight_bits, layer.per_channel)
+                if reason is not None:  # legacy only: Paddle Inference would run its int8 weight wrongly
+                    self.left_float[layer.layer.weight.name] = reason
+                    log.warning("%s left in float in the export: %s", layer.layer.weight.name, reason)
+                    continue
                 quantize_op(
                     graph, op, layer.activation_threshold(),
                     weight_bits=self.config.weight_bits, activation_bits=self.config.activation_bits,
