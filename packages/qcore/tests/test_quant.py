@@ -201,3 +201,14 @@ def test_log_quantize_with_a_given_absmax_matches_whole_tensor_chunks():
     np.testing.assert_array_equal(np.concatenate(chunks), whole)
     clipped, _ = log_quantize(np.array([4.0, -1.0, 0.5]), 8, absmax=1.0)  # above absmax: top level
     np.testing.assert_array_equal(clipped, [1, -1, 2])
+
+
+@pytest.mark.parametrize("bits", [3, 8])
+def test_log_quantize_float32_path_matches_float64(bits):
+    x = (RNG.standard_normal((300, 16)) * 10.0 ** RNG.uniform(-8, 1, (300, 16))).astype(np.float32)
+    x[0, :3] = [0.0, 1e-45, -3e-39]  # zero and subnormals
+    for axis in (None, 0):
+        fast, meta = log_quantize(x, bits, axis)
+        slow, _ = log_quantize(x.astype(np.float64), bits, axis)
+        assert fast.dtype == np.int8 and (fast != slow).mean() < 1e-3  # only near-ties may differ
+        np.testing.assert_allclose(meta["absmax"], np.abs(x).max() if axis is None else np.abs(x).max(1))

@@ -132,16 +132,27 @@ def log_quantize(
     qm = qmax(bits)
     if bits > 8:
         raise ConfigError(f"log_quantize stores int8 codes; use bits from 2 to 8, not {bits}")
-    a = as_finite(x, "x")
-    m = abs_max(a, axis) if absmax is None else absmax
-    mb = _broadcast(m, a.shape, axis, "absmax")
-    ratio = np.minimum(np.abs(a) / np.where(mb > 0, mb, 1.0), 1.0)
-    frac, exp = np.frexp(ratio)  # ratio = frac * 2**exp with frac in [0.5, 1)
-    e = np.where(frac >= 0.75, -exp, 1 - exp)
+    a = np.asarray(x)
+    if a.dtype != np.float32 or a.size == 0 or not np.isfinite(a).all():
+        a = as_finite(x, "x")  # float32 input stays float32 (about 10x faster); ties may differ by a level
+    mag = np.abs(a)
+    if absmax is None:
+        reduced = tuple(i for i in range(a.ndim) if axis is None or i != _channel_axis(axis, a.ndim))
+        m = mag.max(axis=reduced).astype(np.float64)
+        m = float(m) if axis is None else m
+    else:
+        m = absmax
+    mb = _broadcast(m, a.shape, axis, "absmax").astype(a.dtype)
+    ratio = np.minimum(np.divide(mag, np.where(mb > 0, mb, 1), out=mag), 1, out=mag)
+    # ratio = 1.f * 2**E: the nearer power of two is 2**-(e) with e = -E - (top bit of f), read from the bits
+    int_type, mantissa, bias = (np.int32, 23, 127) if a.dtype == np.float32 else (np.int64, 52, 1023)
+    raw = ratio.view(int_type)
     emax = qm - 1
-    zero = (ratio == 0) | ((e > emax) & (ratio < np.ldexp(0.5, -emax)))
-    codes = np.where(zero, 0, np.sign(a) * (np.minimum(e, emax) + 1))
-    return codes.astype(np.int8), {"scheme": "log2", "bits": int(bits), "axis": axis, "absmax": m}
+    codes = bias + 1 - (raw >> mantissa) - ((raw >> (mantissa - 1)) & 1)  # e + 1
+    np.minimum(codes, emax + 1, out=codes)
+    codes[ratio < a.dtype.type(np.ldexp(0.5, -emax))] = 0  # nearer to 0 than to the smallest level (and 0)
+    sign = a.view(int_type) >> (8 * a.itemsize - 1)  # -1 where x is negative, else 0
+    return ((codes ^ sign) - sign).astype(np.int8), {"scheme": "log2", "bits": int(bits), "axis": axis, "absmax": m}
 
 
 def log_dequantize(codes: ArrayLike, meta: dict[str, Any]) -> NDArray[np.float32]:
