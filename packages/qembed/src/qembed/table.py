@@ -193,7 +193,13 @@ def quantize_table(
         absmax = np.float32(global_absmax if global_absmax is not None else _table_absmax(values, "embedding table"))
     if threshold:
         absmax = np.minimum(absmax, np.float32(threshold))
-    codes, _ = log_quantize(values, bits, axis=0 if per_row else None, absmax=absmax)
+    codes = np.empty(values.shape, np.int8)
+    step = max(1, BLOCK_BYTES // (4 * values.shape[1]))
+    for start in range(0, len(values), step):  # cache-sized blocks: several times faster than one pass
+        block_max = absmax[start : start + step] if per_row else absmax
+        codes[start : start + step] = log_quantize(
+            values[start : start + step], bits, axis=0 if per_row else None, absmax=block_max
+        )[0]
     return QuantizedTable(codes, np.asarray(absmax, np.float32).reshape(-1), "log", bits)
 
 
