@@ -24,9 +24,9 @@ from qcore.constants import (
     WEIGHT_QUANTIZE_TYPES,
 )
 from qcore.graph import Graph, QuantizedWeight, open_graph
+from qcore.graph.rewrite import quantize_op
 from qcore.model_io import ModelFiles, load_model
-from qcore.onednn import INT8_WEIGHT_UNSUPPORTED, fc_int8_error
-from qcore.quant import abs_max, fake_quantize
+from qcore.onednn import int8_weight_problem
 from qcore.thresholds import ALIASES, thresholds_all_algos
 
 from .bias_correction import ChannelMean, output_shift
@@ -39,9 +39,6 @@ ALGO_CHOICES = ("KL", "abs_max", "direct", "hist", "mse", "avg", "emd")
 DEFAULT_OP_TYPES = ("conv2d", "depthwise_conv2d", "mul")
 CONV_KINDS = ("conv2d", "depthwise_conv2d")
 FC_KINDS = ("mul", "matmul", "matmul_v2")
-#: legacy fc layers stay float when oneDNN's effective weight error exceeds ours by more than this
-#: (relative Frobenius error; the demo's fc: 2.0% vs 0.5%, PP-OCRv4 rec's: 6-20% vs 0.7%)
-ONEDNN_FC_TOLERANCE = 0.02
 CORRECTABLE = (*CONV_KINDS, *FC_KINDS)
 
 
@@ -142,53 +139,33 @@ class PostTrainingQuantization:
         layers = []
         for target in targets:
             entry: dict[str, Any] = {"op": target.op.seed_type, "scope": target.op.scope_name, "inputs": {}}
-            reason = self._onednn_problem(graph, target) if self.onednn_fallback else None
+            reason = None
+            if self.onednn_fallback:
+                reason = int8_weight_problem(graph, target.op, self.weight_bits, self.per_channel)
             if reason is not None:
                 entry["left_float"] = reason
                 log.warning("%r left in float: %s", target.op, reason)
                 layers.append(entry)
                 continue
-            if target.weight is not None:
-                stored = graph.quantize_weight(
-                    target.weight, self.weight_bits, graph.weight_channel_axis(target.op) if self.per_channel else None
-                )
-                entry["weight"] = {"name": target.weight.name, "thresholds": stored.thresholds.round(6).tolist()}
+            thresholds = [candidates[a.name][self.algo] for a in target.activations]
+            done = quantize_op(graph, target.op, thresholds, weight_bits=self.weight_bits,
+                               activation_bits=self.activation_bits, per_channel=self.per_channel)
+            if done.weight is not None and target.weight is not None:
+                entry["weight"] = {"name": target.weight.name, "thresholds": done.weight.thresholds.round(6).tolist()}
                 if target.activations and target.activations[0].name in calibration.channel_means:
                     entry["weight"]["bias_shift_max"] = _correct_bias(
-                        graph, target, stored, calibration.channel_means[target.activations[0].name]
+                        graph, target, done.weight, calibration.channel_means[target.activations[0].name]
                     )
             for operand in target.activations:
                 every_algo = candidates[operand.name]
-                threshold = every_algo[self.algo]
-                info = {"threshold": threshold, "all_algos": {k: round(v, 6) for k, v in every_algo.items()}}
-                if threshold > 0:
-                    graph.insert_act_qdq(operand, threshold, self.activation_bits)
-                else:
+                rounded = {k: round(v, 6) for k, v in every_algo.items()}
+                info = {"threshold": every_algo[self.algo], "all_algos": rounded}
+                if info["threshold"] <= 0:
                     info["left_float"] = "activation was all zeros during calibration"
                     log.warning("activation %s was all zeros during calibration; left in float", operand.name)
                 entry["inputs"][operand.name] = info
             layers.append(entry)
         return {"algo": self.algo, "batches": calibration.batches, "samples": calibration.samples, "layers": layers}
-
-    def _onednn_problem(self, graph: Graph, target: Target) -> str | None:
-        """Why Paddle Inference's oneDNN int8 path would run this fc wrongly (legacy output), if it would."""
-        if graph.family != "legacy" or target.weight is None:
-            return None
-        if target.op.seed_type in INT8_WEIGHT_UNSUPPORTED:
-            return INT8_WEIGHT_UNSUPPORTED[target.op.seed_type]
-        axis = graph.weight_channel_axis(target.op)
-        if target.op.seed_type not in FC_KINDS or axis != 1:
-            return None
-        weight = graph.get_param(target.weight.name)
-        thresholds = abs_max(weight, axis if self.per_channel else None)
-        ours = fake_quantize(weight, thresholds, self.weight_bits, axis if self.per_channel else None)
-        own_error, deployed_error = fc_int8_error(weight, ours, self.per_channel)
-        if deployed_error <= own_error + ONEDNN_FC_TOLERANCE:
-            return None
-        if deployed_error == float("inf"):
-            return "oneDNN int8 fc applies per-channel scales of a square weight along the wrong axis (Paddle 3.3.1)"
-        return (f"oneDNN int8 fc would run this [K, N] weight with {deployed_error:.1%} error vs our "
-                f"{own_error:.1%} (Paddle 3.3.1 takes fc weight scales over K-element runs, not columns)")
 
     def _checkpoint(self, calibration: Calibration) -> None:
         assert self.cache_file is not None

@@ -8,7 +8,7 @@ on each activation input. :func:`quantize_op` is that step, on any :class:`Graph
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,7 +28,7 @@ class OpQuantization:
 def quantize_op(
     graph: Graph,
     op: OpRef,
-    act_thresholds: Mapping[str, float] | float,
+    act_thresholds: Mapping[str, float] | Sequence[float] | float,
     *,
     weight_bits: int = 8,
     activation_bits: int = 8,
@@ -37,8 +37,10 @@ def quantize_op(
 ) -> OpQuantization:
     """Quantize ``op``'s weight (if it has one) and insert QDQ on its activation inputs.
 
-    ``act_thresholds`` maps activation operand names to thresholds, or is one threshold for
-    every activation input of the op. An activation whose threshold is not positive (it was
+    ``act_thresholds`` maps activation operand names to thresholds, lists them in the order of
+    :meth:`Graph.activation_operands` (names of PIR values can change as other ops are
+    rewritten; positions do not), or is one threshold for every activation input of the op.
+    An activation whose threshold is not positive (it was
     all zeros) stays float and is listed in ``left_float``. ``weight_thresholds`` defaults to
     the weight's abs max, per output channel when ``per_channel``.
     """
@@ -48,10 +50,13 @@ def quantize_op(
     if weight is not None:
         axis = graph.weight_channel_axis(op) if per_channel else None
         result.weight = graph.quantize_weight(weight, weight_bits, axis, weight_thresholds)
-    for operand in activations:
-        threshold = float(
-            act_thresholds if not isinstance(act_thresholds, Mapping) else act_thresholds[operand.name]
-        )
+    for index, operand in enumerate(activations):
+        if isinstance(act_thresholds, Mapping):
+            threshold = float(act_thresholds[operand.name])
+        elif isinstance(act_thresholds, Sequence):
+            threshold = float(act_thresholds[index])
+        else:
+            threshold = float(act_thresholds)
         if threshold > 0:
             graph.insert_act_qdq(operand, threshold, activation_bits)
             result.activations[operand.name] = threshold
