@@ -5,7 +5,6 @@ Prints one line ``seconds=<calibration+save time> rss_mb=<peak RSS>``. The feed 
 first input. Used by ptq_latency.py and ptq_vs_paddleslim.py; not imported by them.
 """
 
-import resource
 import sys
 import time
 import zlib  # noqa: F401  -- imported before paddle, avoids a segfault in paddle 2.6
@@ -16,6 +15,13 @@ import paddle
 paddle.enable_static()
 from paddleslim.quant import quant_post_static  # noqa: E402
 
+
+def peak_rss_mb() -> float:
+    """VmHWM of this process (ru_maxrss would include the parent's peak inherited at fork)."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 def main() -> None:
     calib_path, model_dir, out_dir, algo, batch_size = sys.argv[1:6]
@@ -39,7 +45,7 @@ def main() -> None:
                       optimize_model=True, save_model_filename="inference.pdmodel",
                       save_params_filename="inference.pdiparams", onnx_format=True)
     seconds = time.perf_counter() - start
-    print(f"seconds={seconds:.3f} rss_mb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f}")
+    print(f"seconds={seconds:.3f} rss_mb={peak_rss_mb():.1f}")
 
 
 if __name__ == "__main__":

@@ -69,12 +69,12 @@ def main() -> None:
         for family in ("legacy", "pir"):
             out = work / name / f"int8_{family}"
             quant_post_static(None, dirs[family], out, sample_generator=lambda: iter(calib), batch_size=8,
-                              algo="KL", optimize_model=True, save_model_filename=None, save_params_filename=None)
+                              algo="abs_max", optimize_model=True, save_model_filename=None, save_params_filename=None)
             models[f"ours int8 ({family})"] = find_model_files(out)
         if args.paddleslim_python:
             out = work / name / "paddleslim"
             subprocess.run([args.paddleslim_python, str(SLIM_SCRIPT), str(work / "calib.npy"), str(dirs["legacy"]),
-                            str(out), "KL", "8"], check=True, capture_output=True)
+                            str(out), "abs_max", "8"], check=True, capture_output=True)
             models["PaddleSlim 2.6 int8"] = find_model_files(out)
         timings = {}
         for label, files in models.items():

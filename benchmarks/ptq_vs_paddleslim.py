@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,14 @@ ALGOS = ("KL", "abs_max", "hist", "mse", "avg", "emd")
 HERE = Path(__file__).resolve()
 
 
+
+def peak_rss_mb() -> float:
+    """VmHWM of this process (ru_maxrss would include the parent's peak inherited at fork)."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
 def worker(calib_path: str, model_dir: str, out_dir: str, algo: str, batch_size: str, batch_nums: str) -> None:
     """Our quantization in this process; prints seconds and peak RSS like paddleslim_ptq.py."""
     from qptq import quant_post_static
@@ -41,7 +48,7 @@ def worker(calib_path: str, model_dir: str, out_dir: str, algo: str, batch_size:
                       batch_nums=int(batch_nums) or None, algo=algo, optimize_model=True,
                       save_model_filename=None, save_params_filename=None)
     seconds = time.perf_counter() - start
-    print(f"seconds={seconds:.3f} rss_mb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f}")
+    print(f"seconds={seconds:.3f} rss_mb={peak_rss_mb():.1f}")
 
 
 def run(cmd: list[str]) -> dict[str, float]:
