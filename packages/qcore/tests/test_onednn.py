@@ -42,16 +42,21 @@ def test_int8_weight_problem_on_graphs(tmp_path):
         def forward(self, x):
             return self.wide(self.square(x)), self.up(paddle.reshape(x, [-1, 1, 2, 4]))
 
-    paddle.seed(0)
+    net = Net()
+    # columns 100x apart in scale: fixed, so the verdict does not depend on the random init
+    wide_weight = np.random.default_rng(0).standard_normal((8, 3)) * np.array([1.0, 0.1, 0.01])
+    net.wide.weight.set_value(wide_weight.astype("float32"))
     spec = [paddle.static.InputSpec([None, 8], "float32", "x")]
     with paddle.pir_utils.DygraphOldIrGuard():
-        paddle.jit.save(Net(), str(tmp_path / "legacy" / "m"), input_spec=spec)
-    paddle.jit.save(Net(), str(tmp_path / "pir" / "m"), input_spec=spec)
+        paddle.jit.save(net, str(tmp_path / "legacy" / "m"), input_spec=spec)
+    paddle.jit.save(net, str(tmp_path / "pir" / "m"), input_spec=spec)
     legacy = open_graph(load_model(tmp_path / "legacy"))
     square, wide = legacy.ops(["mul"])
     assert "wrong axis" in int8_weight_problem(legacy, square)
-    assert "K-element runs" in int8_weight_problem(legacy, wide)  # 3.3 % deployed vs 0.4 % ours
-    assert int8_weight_problem(legacy, wide, tolerance=0.1) is None
+    problem = int8_weight_problem(legacy, wide)
+    assert "K-element runs" in problem
+    deployed = float(problem.split("with ")[1].split("%")[0]) / 100
+    assert int8_weight_problem(legacy, wide, tolerance=deployed) is None
     assert "conv2d_transpose" in int8_weight_problem(legacy, legacy.ops(["conv2d_transpose"])[0])
     pir = open_graph(load_model(tmp_path / "pir"))
     assert all(int8_weight_problem(pir, op) is None for op in pir.ops(["mul", "conv2d_transpose"]))
