@@ -43,14 +43,21 @@ def test_output_graph_contents_and_report(demo_model, demo_data, tmp_path):
     ptq.quantize()
     files = ptq.save_quantized_model(tmp_path / "int8")
     types = open_graph(load_model(tmp_path / "int8")).op_types()
-    quantized_ops = len(ptq.report["layers"])
-    assert quantized_ops == 6  # 4 conv2d + 1 depthwise_conv2d + 1 mul in the demo CNN
+    ops = [layer["op"] for layer in ptq.report["layers"]]
+    # 4 conv2d + 1 depthwise_conv2d + 1 mul, then the residual add (relu + conv branch)
+    assert ops == ["conv2d", "conv2d", "depthwise_conv2d", "conv2d", "conv2d", "mul", "elementwise_add"]
+    activations = {name for layer in ptq.report["layers"] for name in layer["inputs"]}
+    assert len(activations) == 7  # the add's relu input is shared with a conv: one QDQ pair
     if files.family == "legacy":
         assert files.model_file.name == "inference.pdmodel"
-        assert types.count("quantize_linear") == 6 and types.count("dequantize_linear") == 12
+        assert types.count("quantize_linear") == 7 and types.count("dequantize_linear") == 7 + 6
     else:
         assert files.model_file.name == "inference.json"  # __model__ cannot name a PIR model
-        assert types.count("pd_op.fake_quantize_dequantize_moving_average_abs_max") == 6
+        assert types.count("pd_op.fake_quantize_dequantize_moving_average_abs_max") == 7
+    without = PostTrainingQuantization(sample_generator=_samples(calib), model_dir=directory, batch_size=25,
+                                       batch_nums=2, algo="abs_max", residual_add=False)
+    without.quantize()
+    assert len(without.report["layers"]) == 6
     first = ptq.report["layers"][0]["inputs"]["image"]
     assert set(first["all_algos"]) == {"abs_max", "kl", "hist", "mse", "avg", "emd"}
     images = calib[:50]

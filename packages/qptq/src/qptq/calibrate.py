@@ -51,6 +51,18 @@ def find_targets(graph: Graph, op_types: Iterable[str], skip_patterns: Iterable[
     ]
 
 
+def residual_adds(graph: Graph, skip_patterns: Iterable[str] = ()) -> list[Target]:
+    """Every ``elementwise_add`` of two activations (a residual join, not a bias add).
+
+    Quantizing its inputs gives Paddle Inference's oneDNN pass the scales it needs to fuse the
+    add into the preceding int8 conv ("conv with residual connection") and keep the chain int8.
+    """
+    return [
+        t for t in find_targets(graph, ["elementwise_add"], skip_patterns)
+        if len(t.activations) == 2 and graph.added_param(t.op) is None
+    ]
+
+
 def calibrate(
     graph: Graph,
     targets: list[Target],

@@ -30,7 +30,7 @@ from qcore.onednn import int8_weight_problem
 from qcore.thresholds import ALIASES, thresholds_all_algos
 
 from .bias_correction import ChannelMean, output_shift
-from .calibrate import Calibration, Target, calibrate, find_targets
+from .calibrate import Calibration, Target, calibrate, find_targets, residual_adds
 from .data import feed_batches
 from .naming import output_names
 
@@ -76,6 +76,7 @@ class PostTrainingQuantization:
         skip_patterns: Sequence[str] = ("skip_quant",),
         bias_correction: bool = False,
         onednn_fallback: bool = True,
+        residual_add: bool = True,
         progress: bool = False,
     ) -> None:
         if model_dir is None:
@@ -98,6 +99,7 @@ class PostTrainingQuantization:
         self.cache_file = Path(cache_dir) / "observers.json" if is_use_cache_file else None
         self.bias_correction = bias_correction
         self.onednn_fallback = onednn_fallback
+        self.residual_add = residual_add
         self.progress = progress
         self.model = load_model(model_dir, model_filename, params_filename)
         if executor is not None:
@@ -120,6 +122,8 @@ class PostTrainingQuantization:
         if self.optimize_model:
             graph.fold_conv_bn()
         targets = find_targets(graph, self.op_types, self.skip_patterns)
+        if self.residual_add and "elementwise_add" not in self.op_types:
+            targets += residual_adds(graph, self.skip_patterns)
         means = _input_means(targets) if self.bias_correction else {}
         calibration = calibrate(graph, targets, self._batches(), progress=self.progress, channel_means=means)
         if self.cache_file is not None:
@@ -248,6 +252,7 @@ def quant_post_static(
     skip_patterns: Sequence[str] = ("skip_quant",),
     bias_correction: bool = False,
     onednn_fallback: bool = True,
+    residual_add: bool = True,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Quantize the model in ``model_dir`` with calibration data and save it.
@@ -263,7 +268,7 @@ def quant_post_static(
         activation_quantize_type=activation_quantize_type, weight_quantize_type=weight_quantize_type,
         optimize_model=optimize_model, is_use_cache_file=is_use_cache_file, cache_dir=cache_dir,
         skip_patterns=skip_patterns, bias_correction=bias_correction,
-        onednn_fallback=onednn_fallback, progress=progress,
+        onednn_fallback=onednn_fallback, residual_add=residual_add, progress=progress,
     )
     ptq.quantize()
     ptq.save_quantized_model(quantize_model_path, save_model_filename, save_params_filename)

@@ -166,6 +166,10 @@ class Graph(ABC):
     def _weight_transposed(self, op: OpRef) -> bool: ...
 
     @abstractmethod
+    def added_param(self, add: OpRef) -> Operand | None:
+        """The parameter an ``elementwise_add`` adds (directly or through a reshape), if any."""
+
+    @abstractmethod
     def bias_operand(self, op: OpRef) -> Operand | None:
         """The bias parameter added to ``op``'s output by the add that is its only consumer, if any."""
 
@@ -199,10 +203,11 @@ class Graph(ABC):
             )
         qmax(bits)  # validates the bit width
         with self._editing():
-            if operand.name not in self._act_qdq:
-                self._act_qdq[operand.name] = self._build_act_qdq(operand, float(threshold), bits)
-                self._made.add(self._key(self._act_qdq[operand.name]))
-            self._set_operand(operand, self._act_qdq[operand.name])
+            key = self._key(operand.value)  # PIR value names shift as ops are inserted; ids do not
+            if key not in self._act_qdq:
+                self._act_qdq[key] = self._build_act_qdq(operand, float(threshold), bits)
+                self._made.add(self._key(self._act_qdq[key]))
+            self._set_operand(operand, self._act_qdq[key])
 
     def quantize_weight(
         self,

@@ -193,6 +193,9 @@ class LegacyGraph(Graph):
                 return op
         return None
 
+    def added_param(self, add: OpRef) -> Operand | None:
+        return self._bias_param(add.raw)
+
     def bias_operand(self, op: OpRef) -> Operand | None:
         out = op.raw.output_arg_names[0]
         add = self._single_consumer(out)

@@ -193,6 +193,13 @@ class PirGraph(Graph):
         users = value.all_used_ops()
         return users[0] if len(users) == 1 else None
 
+    def added_param(self, add: OpRef) -> Operand | None:
+        for index in range(2):
+            found = self._bias_of_add(add.raw, add.raw.operand_source(index))
+            if found is not None:
+                return found
+        return None
+
     def bias_operand(self, op: OpRef) -> Operand | None:
         out = op.raw.result(0)
         add = self._single_user(out)
