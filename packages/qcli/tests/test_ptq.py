@@ -32,7 +32,7 @@ def test_static_from_npy_writes_report_with_layers_sizes_and_accuracy(demo_array
     assert code == 0
     report = json.loads((tmp_path / "int8.report.json").read_text())
     assert report["method"] == "static" and report["algo"] == "hist" and report["samples"] == 60
-    ops = ["conv2d", "conv2d", "depthwise_conv2d", "conv2d", "conv2d", "mul"]
+    ops = ["conv2d", "conv2d", "depthwise_conv2d", "conv2d", "conv2d", "mul", "elementwise_add"]  # + residual add
     assert [layer["op"] for layer in report["layers"]] == ops
     assert all(set(info["all_algos"]) >= {"kl", "abs_max", "mse"}
                for layer in report["layers"] for info in layer["inputs"].values())
