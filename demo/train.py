@@ -65,53 +65,7 @@ import paddle  # noqa: E402
 from paddle import nn  # noqa: E402
 
 from qcore.demo import INPUT_NAME, MODEL_FAMILIES, load_demo_data  # noqa: E402
-
-
-class ConvBNReLU(nn.Layer):
-    def __init__(self, cin: int, cout: int, k: int = 3, groups: int = 1, act: bool = True):
-        super().__init__()
-        self.conv = nn.Conv2D(cin, cout, k, padding=k // 2, groups=groups, bias_attr=False)
-        self.bn = nn.BatchNorm2D(cout)
-        self.act = nn.ReLU() if act else None
-
-    def forward(self, x):
-        x = self.bn(self.conv(x))
-        return self.act(x) if self.act is not None else x
-
-
-class DemoNet(nn.Layer):
-    """conv-bn-relu -> pool -> conv-bn-relu -> [depthwise-bn-relu -> pointwise-bn] + skip -> relu
-    -> pool -> conv-bn-relu -> head -> fc.
-
-    head 'gap' (bundled): conv3 48->96, global average pool, fc 96->10.
-    head 'flatten': conv3 48->32, flatten 32x7x7, fc 1568->10.
-    """
-
-    def __init__(self, num_classes: int = 10, head: str = "gap"):
-        super().__init__()
-        self.head = head
-        self.stem = ConvBNReLU(1, 16)  # 28x28
-        self.pool1 = nn.MaxPool2D(2, 2)  # 14x14
-        self.conv2 = ConvBNReLU(16, 48)  # 14x14
-        self.dw = ConvBNReLU(48, 48, groups=48)  # depthwise 3x3
-        self.pw = ConvBNReLU(48, 48, k=1, act=False)  # pointwise 1x1
-        self.relu = nn.ReLU()
-        self.pool2 = nn.MaxPool2D(2, 2)  # 7x7
-        if head == "gap":
-            self.conv3 = ConvBNReLU(48, 96)  # 7x7
-            self.gap = nn.AdaptiveAvgPool2D(1)
-            self.fc = nn.Linear(96, num_classes)
-        else:
-            self.conv3 = ConvBNReLU(48, 32)  # 7x7
-            self.fc = nn.Linear(32 * 7 * 7, num_classes)
-
-    def forward(self, x):
-        x = self.conv2(self.pool1(self.stem(x)))
-        x = self.relu(x + self.pw(self.dw(x)))
-        x = self.conv3(self.pool2(x))
-        if self.head == "gap":
-            x = self.gap(x)
-        return self.fc(paddle.flatten(x, 1))
+from qcore.demo_net import DemoNet  # noqa: E402  (the architecture the bundled model has)
 
 
 def augment(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
