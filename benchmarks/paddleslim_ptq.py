@@ -11,17 +11,11 @@ import zlib  # noqa: F401  -- imported before paddle, avoids a segfault in paddl
 
 import numpy as np
 import paddle
+from peak_rss import peak_rss_mb
 
 paddle.enable_static()
 from paddleslim.quant import quant_post_static  # noqa: E402
 
-
-def peak_rss_mb() -> float:
-    """VmHWM of this process (ru_maxrss would include the parent's peak inherited at fork)."""
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 def main() -> None:
     calib_path, model_dir, out_dir, algo, batch_size = sys.argv[1:6]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import paddle
+from peak_rss import peak_rss_mb
 
 from qcore.demo import demo_model_dir, load_demo_data
 from qcore.inference import create_predictor, run_predictor
@@ -30,13 +31,6 @@ ALGOS = ("KL", "abs_max", "hist", "mse", "avg", "emd")
 HERE = Path(__file__).resolve()
 
 
-
-def peak_rss_mb() -> float:
-    """VmHWM of this process (ru_maxrss would include the parent's peak inherited at fork)."""
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 def worker(calib_path: str, model_dir: str, out_dir: str, algo: str, batch_size: str, batch_nums: str) -> None:
     """Our quantization in this process; prints seconds and peak RSS like paddleslim_ptq.py."""
