@@ -26,7 +26,7 @@ RESULTS = Path(__file__).parent / "results"
 
 def top1(files: ModelFiles, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """(executor top-1, paddle.inference top-1 with oneDNN + int8) in percent."""
-    model = load_model(files.directory, files.model_file.name, files.params_file.name if files.params_file else None)
+    model = load_model(files)
     simulated = model.run({"image": x})[0]
     deployed = run_predictor(create_predictor(files), {"image": x})[0]
     return float((simulated.argmax(1) == y).mean() * 100), float((deployed.argmax(1) == y).mean() * 100)

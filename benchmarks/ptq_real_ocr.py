@@ -76,7 +76,7 @@ def outputs(files: ModelFiles, x: np.ndarray, deployed: bool, batch: int = 20) -
     if deployed:
         predictor = create_predictor(files)
         return np.concatenate([run_predictor(predictor, {"x": x[i : i + batch]})[0] for i in range(0, len(x), batch)])
-    model = load_model(files.directory, files.model_file.name, files.params_file.name if files.params_file else None)
+    model = load_model(files)
     return np.concatenate([model.run({"x": x[i : i + batch]})[0] for i in range(0, len(x), batch)])
 
 

@@ -51,8 +51,7 @@ def run(cmd: list[str]) -> dict[str, float]:
 
 
 def scores(files: ModelFiles, x: np.ndarray, y: np.ndarray, reference: np.ndarray) -> dict[str, float]:
-    params = files.params_file.name if files.params_file else None
-    simulated = load_model(files.directory, files.model_file.name, params).run({"image": x})[0]
+    simulated = load_model(files).run({"image": x})[0]
     deployed = run_predictor(create_predictor(files), {"image": x})[0]
     return {
         "sim": float((simulated.argmax(1) == y).mean() * 100),

@@ -17,6 +17,8 @@ def test_every_format_loads_and_matches_float(tiny_model, tiny_net, tiny_input, 
     assert model.feed_names == ["x"]
     np.testing.assert_allclose(model.run({"x": tiny_input})[0], tiny_reference, atol=1e-5)
     assert model.feed_specs() == {"x": ((-1, *tiny_input.shape[1:]), "float32")}
+    resolved = load_model(model.source)  # the ModelFiles a load resolved loads the same model
+    np.testing.assert_array_equal(resolved.run({"x": tiny_input})[0], model.run({"x": tiny_input})[0])
     params = sum(int(np.prod(v.shape)) for v in tiny_net.state_dict().values()) * 4
     assert params <= model.source.params_bytes <= params + 4096  # float32 data plus headers
 

@@ -45,8 +45,7 @@ def test_saved_model_runs_quantized_in_executor_and_inference(emb_model, ids, tm
     assert (files.params_file is None) == (fmt == "legacy_separate")  # the input's file layout is kept
     # the program computes exactly the float model on the dequantized table ...
     expected = _float_run(emb_model, ids, report.choice.table.rows(np.arange(VOCAB)))
-    params_name = files.params_file.name if files.params_file else None
-    quantized = load_model(files.directory, files.model_file.name, params_name)
+    quantized = load_model(files)
     np.testing.assert_allclose(quantized.run({"ids": ids})[0], expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(predict(files, {"ids": ids})[0], expected, rtol=1e-5, atol=1e-6)
     # ... which is close to the float model

@@ -10,7 +10,7 @@ from qcore.model_io import ModelFiles, load_model
 
 def executor_outputs(files: ModelFiles, feed_name: str, x: np.ndarray, batch: int = 250) -> np.ndarray:
     """First output of the model over ``x``, run in ``paddle.static.Executor``."""
-    model = load_model(files.directory, files.model_file.name, files.params_file.name if files.params_file else None)
+    model = load_model(files)
     return np.concatenate([model.run({feed_name: x[i : i + batch]})[0] for i in range(0, len(x), batch)])
 
 

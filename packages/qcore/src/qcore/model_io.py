@@ -178,7 +178,7 @@ def translate_to_pir(legacy_program: Any) -> tuple[Any, list[Any]]:
 
 
 def load_model(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | ModelFiles,
     model_filename: str | None = None,
     params_filename: str | None = None,
     *,
@@ -186,9 +186,10 @@ def load_model(
 ) -> Model:
     """Load an inference model in any supported format.
 
-    A legacy model loads as a legacy program; pass ``family='pir'`` to translate it to PIR.
+    ``path`` may also be the :class:`ModelFiles` :func:`find_model_files` resolved. A legacy
+    model loads as a legacy program; pass ``family='pir'`` to translate it to PIR.
     """
-    files = find_model_files(path, model_filename, params_filename)
+    files = path if isinstance(path, ModelFiles) else find_model_files(path, model_filename, params_filename)
     target = family or files.family
     if target not in FAMILIES:
         raise ModelFormatError(f"unknown family {target!r}; choose one of {FAMILIES}")

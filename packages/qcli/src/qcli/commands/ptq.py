@@ -123,8 +123,7 @@ def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, repor
 
 def _accuracy(source: ModelFiles, out: ModelFiles, data: Path, labels: Path | None) -> dict[str, float]:
     x = np.load(data)
-    feed = load_model(source.directory, source.model_file.name,
-                      source.params_file.name if source.params_file else None).feed_names[0]
+    feed = load_model(source).feed_names[0]
     float_out, int8_out = deployed_outputs(source, feed, x), deployed_outputs(out, feed, x)
     result = {
         "agreement_deployed": agreement(float_out, int8_out),
@@ -141,9 +140,7 @@ def _accuracy(source: ModelFiles, out: ModelFiles, data: Path, labels: Path | No
 def _sample_shape(source: ModelFiles, override: str | None) -> tuple[int, ...]:
     if override:
         return tuple(int(v) for v in override.split(","))
-    params = source.params_file.name if source.params_file else None
-    model = load_model(source.directory, source.model_file.name, params)
-    shape, _ = next(iter(model.feed_specs().values()))
+    shape, _ = next(iter(load_model(source).feed_specs().values()))
     return shape[1:]
 
 
