@@ -9,8 +9,18 @@ correction ``e · E[x]`` per output channel is subtracted from the layer's bias 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from qcore.graph import Graph, QuantizedWeight
+
+if TYPE_CHECKING:  # calibrate imports ChannelMean from here
+    from .calibrate import Target
+
+CONV_KINDS = ("conv2d", "depthwise_conv2d")
+FC_KINDS = ("mul", "matmul", "matmul_v2")
+CORRECTABLE = (*CONV_KINDS, *FC_KINDS)
 
 
 @dataclass
@@ -54,3 +64,29 @@ def output_shift(
     group_of_out = np.arange(c_out) // (c_out // groups)
     means = input_mean.reshape(groups, c_in_group)[group_of_out]  # [C_out, C_in/groups]
     return (per_tap * means).sum(-1)
+
+
+def input_means(targets: list[Target]) -> dict[str, ChannelMean]:
+    """A channel-mean accumulator for the input of every conv and fc whose bias can be corrected."""
+    means = {}
+    for target in targets:
+        kind = target.op.seed_type
+        if target.weight is not None and target.activations and kind in CORRECTABLE:
+            means[target.activations[0].name] = ChannelMean(axis=1 if kind in CONV_KINDS else -1)
+    return means
+
+
+def correct_bias(graph: Graph, target: Target, stored: QuantizedWeight, mean: ChannelMean) -> float | None:
+    """Subtract the mean output shift of the rounded weight from the op's bias; returns its max."""
+    bias = graph.bias_operand(target.op)
+    if bias is None or target.weight is None:  # no bias to absorb the shift
+        return None
+    conv = target.op.seed_type in CONV_KINDS
+    transposed = not conv and graph.weight_channel_axis(target.op) == 0
+    shift = output_shift(graph.get_param(target.weight.name), stored.dequantized(), mean.mean, conv=conv,
+                         transposed=transposed)
+    old = graph.get_param(bias.name)
+    if old.size != shift.size:
+        return None
+    graph.replace_weight(bias, old - shift.reshape(old.shape).astype(old.dtype), "bias_corrected")
+    return round(float(np.abs(shift).max()), 6)

@@ -14,8 +14,6 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from qcore.config import validate_bits, validate_choice
 from qcore.constants import (
     ACTIVATION_QUANTIZE_TYPES,
@@ -23,13 +21,13 @@ from qcore.constants import (
     TRANSFORM_PASS_OP_TYPES,
     WEIGHT_QUANTIZE_TYPES,
 )
-from qcore.graph import Graph, QuantizedWeight, open_graph
+from qcore.graph import Graph, open_graph
 from qcore.graph.rewrite import quantize_op
 from qcore.model_io import ModelFiles, load_model
 from qcore.onednn import int8_weight_problem
 from qcore.thresholds import ALIASES, thresholds_all_algos
 
-from .bias_correction import ChannelMean, output_shift
+from .bias_correction import correct_bias, input_means
 from .calibrate import Calibration, Target, calibrate, find_targets, residual_adds
 from .data import feed_batches
 from .naming import output_names
@@ -37,9 +35,6 @@ from .naming import output_names
 log = logging.getLogger(__name__)
 ALGO_CHOICES = ("KL", "abs_max", "direct", "hist", "mse", "avg", "emd")
 DEFAULT_OP_TYPES = ("conv2d", "depthwise_conv2d", "mul")
-CONV_KINDS = ("conv2d", "depthwise_conv2d")
-FC_KINDS = ("mul", "matmul", "matmul_v2")
-CORRECTABLE = (*CONV_KINDS, *FC_KINDS)
 
 
 class PostTrainingQuantization:
@@ -124,7 +119,7 @@ class PostTrainingQuantization:
         targets = find_targets(graph, self.op_types, self.skip_patterns)
         if self.residual_add and "elementwise_add" not in self.op_types:
             targets += residual_adds(graph, self.skip_patterns)
-        means = _input_means(targets) if self.bias_correction else {}
+        means = input_means(targets) if self.bias_correction else {}
         calibration = calibrate(graph, targets, self._batches(), progress=self.progress, channel_means=means)
         if self.cache_file is not None:
             self._checkpoint(calibration)
@@ -157,7 +152,7 @@ class PostTrainingQuantization:
             if done.weight is not None and target.weight is not None:
                 entry["weight"] = {"name": target.weight.name, "thresholds": done.weight.thresholds.round(6).tolist()}
                 if target.activations and target.activations[0].name in calibration.channel_means:
-                    entry["weight"]["bias_shift_max"] = _correct_bias(
+                    entry["weight"]["bias_shift_max"] = correct_bias(
                         graph, target, done.weight, calibration.channel_means[target.activations[0].name]
                     )
             for operand in target.activations:
@@ -191,32 +186,6 @@ class PostTrainingQuantization:
         if self.cache_file is not None and self.cache_file.exists():
             self.cache_file.unlink()
         return files
-
-
-def _input_means(targets: list[Target]) -> dict[str, ChannelMean]:
-    """A channel-mean accumulator for the input of every conv and fc whose bias can be corrected."""
-    means = {}
-    for target in targets:
-        kind = target.op.seed_type
-        if target.weight is not None and target.activations and kind in CORRECTABLE:
-            means[target.activations[0].name] = ChannelMean(axis=1 if kind in CONV_KINDS else -1)
-    return means
-
-
-def _correct_bias(graph: Graph, target: Target, stored: QuantizedWeight, mean: ChannelMean) -> float | None:
-    """Subtract the mean output shift of the rounded weight from the op's bias; returns its max."""
-    bias = graph.bias_operand(target.op)
-    if bias is None or target.weight is None:
-        return None
-    conv = target.op.seed_type in CONV_KINDS
-    transposed = not conv and graph.weight_channel_axis(target.op) == 0
-    shift = output_shift(graph.get_param(target.weight.name), stored.dequantized(), mean.mean, conv=conv,
-                         transposed=transposed)
-    old = graph.get_param(bias.name)
-    if old.size != shift.size:
-        return None
-    graph.replace_weight(bias, old - shift.reshape(old.shape).astype(old.dtype), "bias_corrected")
-    return round(float(np.abs(shift).max()), 6)
 
 
 def _jsonable(value: Any) -> Any:
