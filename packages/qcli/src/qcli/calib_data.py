@@ -22,14 +22,18 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 
 
 def sample_source(
-    spec: str, sample_shape: Sequence[int], mean: Sequence[float] = (0.0,), std: Sequence[float] = (1.0,)
+    spec: str,
+    image_shape: Callable[[], Sequence[int]],
+    mean: Sequence[float] = (0.0,),
+    std: Sequence[float] = (1.0,),
 ) -> Callable[[], Iterable[Any]]:
-    """The sample generator ``spec`` names; images are resized to ``sample_shape`` (C, H, W)."""
+    """The sample generator ``spec`` names; images are resized to ``image_shape()`` (C, H, W),
+    which is only called for a folder (reading the model's input shape can mean loading it)."""
     path = Path(spec)
     if path.suffix == ".npy" and path.is_file():
         return lambda: iter(np.load(path, mmap_mode="r"))
     if path.is_dir():
-        return _directory(path, tuple(sample_shape), mean, std)
+        return _directory(path, image_shape, mean, std)
     if ":" in spec and not path.exists():
         return _function(spec)
     raise DataError(
@@ -39,11 +43,12 @@ def sample_source(
 
 
 def _directory(
-    folder: Path, shape: tuple[int, ...], mean: Sequence[float], std: Sequence[float]
+    folder: Path, image_shape: Callable[[], Sequence[int]], mean: Sequence[float], std: Sequence[float]
 ) -> Callable[[], Iterator[np.ndarray]]:
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".npy", *IMAGE_SUFFIXES))
     if not files:
         raise DataError(f"{folder} holds no images ({', '.join(IMAGE_SUFFIXES)}) or .npy files; point --data at them")
+    shape = tuple(image_shape()) if any(f.suffix != ".npy" for f in files) else ()
 
     def samples() -> Iterator[np.ndarray]:
         for file in files:

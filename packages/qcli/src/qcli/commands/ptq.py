@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from pathlib import Path
@@ -81,7 +82,8 @@ def run_dynamic(args: argparse.Namespace) -> int:
 def run_static(args: argparse.Namespace) -> int:
     qptq = require("ptq")
     source = find_model_files(args.model, args.model_filename, args.params_filename)
-    samples = sample_source(args.data, _sample_shape(source, args.input_shape), _floats(args.mean), _floats(args.std))
+    image_shape = functools.partial(_sample_shape, source, args.input_shape)
+    samples = sample_source(args.data, image_shape, _floats(args.mean), _floats(args.std))
     start = time.perf_counter()
     options: dict[str, Any] = {} if args.op_types is None else {"quantizable_op_type": args.op_types}
     ptq_report = qptq.quant_post_static(
