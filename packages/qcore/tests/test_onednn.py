@@ -1,8 +1,12 @@
 from __future__ import annotations
 
 import numpy as np
+import paddle
+import pytest
 
-from qcore.onednn import deployed_fc_weight, fc_int8_error
+from qcore.graph import open_graph
+from qcore.model_io import load_model
+from qcore.onednn import clipping_avg_pools, deployed_fc_weight, deployed_thresholds, fc_int8_error
 
 
 def test_run_scales_clip_columns_whose_max_exceeds_their_run():
@@ -26,10 +30,6 @@ def test_errors_flag_square_per_channel_and_pass_uniform_columns():
 
 
 def test_int8_weight_problem_on_graphs(tmp_path):
-    import paddle
-
-    from qcore.graph import open_graph
-    from qcore.model_io import load_model
     from qcore.onednn import int8_weight_problem
 
     class Net(paddle.nn.Layer):
@@ -60,3 +60,61 @@ def test_int8_weight_problem_on_graphs(tmp_path):
     assert "conv2d_transpose" in int8_weight_problem(legacy, legacy.ops(["conv2d_transpose"])[0])
     pir = open_graph(load_model(tmp_path / "pir"))
     assert all(int8_weight_problem(pir, op) is None for op in pir.ops(["mul", "conv2d_transpose"]))
+
+
+class PoolChain(paddle.nn.Layer):
+    """conv -> hardswish -> global avg pool -> conv, and a max-pool + concat branch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = paddle.nn.Conv2D(3, 4, 3, padding=1)
+        self.squeeze = paddle.nn.Conv2D(4, 4, 1)
+        self.head = paddle.nn.Conv2D(8, 2, 1)
+
+    def forward(self, x):
+        features = paddle.nn.functional.hardswish(self.conv(x))
+        gate = self.squeeze(paddle.nn.functional.adaptive_avg_pool2d(features, 1))
+        pooled = paddle.nn.functional.max_pool2d(features, 2)
+        return gate, self.head(paddle.concat([pooled, pooled * 2.0], axis=1))
+
+
+@pytest.fixture(scope="module")
+def pool_graphs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pools")
+    spec = [paddle.static.InputSpec([None, 3, 8, 8], "float32", "x")]
+    with paddle.pir_utils.DygraphOldIrGuard():
+        paddle.jit.save(PoolChain(), str(root / "legacy" / "m"), input_spec=spec)
+    paddle.jit.save(PoolChain(), str(root / "pir" / "m"), input_spec=spec)
+    return open_graph(load_model(root / "legacy")), open_graph(load_model(root / "pir"))
+
+
+def _io(graph, seed_type):
+    """(input var, output var) of every op of ``seed_type`` in a legacy graph."""
+    ops = [op for op in graph.ops() if op.type == seed_type]
+    return [(op.raw.input_arg_names[0], op.raw.output_arg_names[0]) for op in ops]
+
+
+def test_scales_propagate_like_the_onednn_pass(pool_graphs):
+    legacy, _ = pool_graphs
+    (avg_in, avg_out), (max_in, max_out) = _io(legacy, "pool2d")
+    assert avg_in == max_in  # both pools read the hardswish output
+    concat = next(op for op in legacy.ops() if op.type == "concat")
+    concat_out, concat_ins = concat.raw.output("Out")[0], concat.raw.input("X")
+    # only the squeeze conv's input is QDQ'd: the avg pool's input inherits its (narrow) scale
+    # backwards, and so does the max pool's output, forwards from that input
+    got = deployed_thresholds(legacy, {avg_out: 0.5})
+    assert got[avg_in] == 0.5 and got[max_out] == 0.5
+    # an input with its own scale overwrites the outputs; a concat output overwrites its inputs
+    got = deployed_thresholds(legacy, {avg_in: 6.0, avg_out: 0.5, concat_out: 9.0, concat_ins[1]: 3.0})
+    assert got[avg_out] == 6.0 and got[max_out] == 9.0 and got[concat_ins[1]] == 9.0
+
+
+def test_avg_pools_quantized_only_on_the_output_side_are_found(pool_graphs):
+    legacy, pir = pool_graphs
+    (avg_in, avg_out), (_, max_out) = _io(legacy, "pool2d")
+    found = clipping_avg_pools(legacy, [avg_out])
+    assert [(p.input, p.output, p.is_global) for p in found] == [(avg_in, avg_out, True)]
+    assert clipping_avg_pools(legacy, [avg_out, avg_in]) == []  # input has its own scale
+    assert clipping_avg_pools(legacy, [max_out]) == []  # a max pool never clips what it keeps
+    names = {"anything": 1.0}
+    assert deployed_thresholds(pir, names) == names and clipping_avg_pools(pir, ["anything"]) == []

@@ -101,11 +101,23 @@ def test_kl_matches_reference(name, bits):
     np.testing.assert_array_equal(np.isinf(kl), np.isinf(ref))
     np.testing.assert_allclose(kl[np.isfinite(ref)], ref[np.isfinite(ref)], rtol=1e-7, atol=1e-12)
     chosen = round(search_threshold("kl", (counts, width), bits) / width)
-    # only thresholds >= half the observed range are candidates (as in Paddle's KL calibration)
+    # only thresholds from half the observed range (as in Paddle's KL calibration) up to the abs max
     used = int(np.flatnonzero(counts)[-1]) + 1
-    allowed = ref[max(used // 2, 2 ** (bits - 1)) - 2 ** (bits - 1) :]
-    assert chosen >= used // 2
+    allowed = ref[max(used // 2, 2 ** (bits - 1)) - 2 ** (bits - 1) : used - 2 ** (bits - 1) + 1]
+    assert used // 2 <= chosen <= used
     assert ref[chosen - 2 ** (bits - 1)] <= allowed.min() * (1 + 1e-9)  # exact ties exist, e.g. over empty bins
+
+
+def test_kl_never_goes_past_the_abs_max():
+    # a histogram whose range grew: 300 of 2048 bins hold data, the rest are empty
+    counts = np.zeros(2048)
+    counts[:300] = np.random.default_rng(0).exponential(1.0, 300)[::-1].cumsum()[::-1]
+    i, kl = _kl_divergence(counts, 8)
+    assert i[np.argmin(np.where(i >= 150, kl, np.inf))] > 300  # unrestricted, KL would pick an empty edge
+    assert 150 <= search_threshold("kl", (counts, 0.01), 8) / 0.01 <= 300
+    few = np.zeros(2048)
+    few[:100] = 1.0  # fewer used bins than int8 levels: the abs max
+    assert search_threshold("kl", (few, 0.01), 8) == pytest.approx(1.0)
 
 
 def test_kl_empty_last_group_is_rejected():

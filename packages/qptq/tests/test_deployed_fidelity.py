@@ -107,3 +107,48 @@ def test_conv2d_transpose_is_left_float_instead_of_crashing(tmp_path):
         files = find_model_files(tmp_path / name)
         simulated = load_model(files.directory).run({"x": x})[0]
         np.testing.assert_allclose(predict(files, {"x": x})[0], simulated, rtol=1e-3, atol=1e-3)
+
+
+class SqueezeExcite(paddle.nn.Layer):
+    """MobileNetV3's block: the squeeze conv reads a global average pool of hardswish output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = paddle.nn.Conv2D(3, 16, 3, padding=1)
+        self.squeeze = paddle.nn.Conv2D(16, 4, 1)
+        self.excite = paddle.nn.Conv2D(4, 16, 1)
+        self.head = paddle.nn.Conv2D(16, 8, 1)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        f = paddle.nn.functional
+        features = f.hardswish(self.conv(x))
+        gate = f.hardsigmoid(self.excite(f.relu(self.squeeze(f.adaptive_avg_pool2d(features, 1)))))
+        return self.head(features * gate)
+
+
+def test_global_avg_pools_never_let_the_int8_pool_clip(tmp_path, monkeypatch):
+    paddle.seed(0)
+    _save_legacy(SqueezeExcite(), tmp_path / "float", [None, 3, 16, 16])
+    x = (np.random.default_rng(3).standard_normal((32, 3, 16, 16)) * 3).astype("float32")
+
+    def deployed_error(out) -> float:
+        files = find_model_files(out)
+        return _relative(predict(files, {"x": x})[0], load_model(files.directory).run({"x": x})[0])
+
+    # default: the squeeze conv reading the global pool stays float
+    report = _quantize(tmp_path / "float", tmp_path / "float_squeeze", x)
+    assert [("global average pool" in layer.get("left_float", "")) for layer in report["layers"]] == [
+        False, True, False, False]
+    assert deployed_error(tmp_path / "float_squeeze") < 0.02
+
+    # every layer int8: the pool input gets its own scale, which oneDNN then gives the pool and
+    # the squeeze conv's input too; the report and the simulation use it as well
+    report = _quantize(tmp_path / "float", tmp_path / "all_int8", x, onednn_fallback=False)
+    (pool_info,) = next(layer for layer in report["layers"] if layer["op"] == "pool2d")["inputs"].values()
+    squeeze = next(info for layer in report["layers"] for info in layer["inputs"].values() if "own_threshold" in info)
+    assert squeeze["threshold"] == pool_info["threshold"] > 2 * squeeze["own_threshold"]
+    assert deployed_error(tmp_path / "all_int8") < 0.02
+
+    monkeypatch.setattr("qptq.static.avg_pool_fixes", lambda graph, targets, keep_float: ([], set()))
+    _quantize(tmp_path / "float", tmp_path / "clipped", x, onednn_fallback=False)
+    assert deployed_error(tmp_path / "clipped") > 0.08  # the int8 pool clipped its input (measured 0.13 vs 0.007)

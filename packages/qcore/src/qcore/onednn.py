@@ -1,5 +1,14 @@
-"""What Paddle Inference's oneDNN int8 path (Paddle 3.3.1, CPU) does to a legacy QDQ model's
-fully connected weights, reproduced in numpy so quantizers can check a layer before shipping it.
+"""What Paddle Inference's oneDNN int8 path (Paddle 3.3.1, CPU) does to a legacy QDQ model,
+reproduced here so quantizers can check a layer, or match the deployed scales, before shipping.
+
+Activation scales: ``compute_propagate_scales_onednn_pass`` passes scales through "scale
+immutable" ops (:data:`SCALE_SHARING_OPS`) and concat, so a QDQ'd tensor can end up running
+with another tensor's scale. :func:`deployed_thresholds` mirrors that propagation and
+:func:`clipping_avg_pools` finds the average pools it breaks (an int8 average pool quantizes its
+input with the narrower scale of its output and clips it: PP-OCR's MobileNetV3 classifier,
+whose squeeze-excitation convs read a global average pool, drops from 94 % to chance).
+
+Fully connected weights:
 
 Measured and traced to the passes (``benchmarks/results/fidelity.md`` has the numbers):
 
@@ -16,7 +25,9 @@ Convolution weights (``[C_out, ...]``, runs = rows) are not affected.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -87,3 +98,84 @@ def int8_weight_problem(
         return "oneDNN int8 fc applies per-channel scales of a square weight along the wrong axis (Paddle 3.3.1)"
     return (f"oneDNN int8 fc would run this [K, N] weight with {deployed_error:.1%} error vs our "
             f"{own_error:.1%} (Paddle 3.3.1 takes fc weight scales over K-element runs, not columns)")
+
+
+#: Ops whose output oneDNN's int8 path gives the scale of their input (or, when only the
+#: output has one, the input the output's): ``scale_immutable_ops`` of the propagation pass.
+SCALE_SHARING_OPS = frozenset({
+    "fused_transpose", "transpose2", "reshape2", "pool2d", "slice", "shape", "nearest_interp",
+    "nearest_interp_v2", "split",
+})
+
+
+def _propagate(raw_ops: list[Any], scales: dict[str, float]) -> dict[str, Any]:
+    """Run the pass's propagation over ``raw_ops`` in place; return the vars given a scale
+    backwards (from a scale-sharing op's output to its input), with that op."""
+    from_output: dict[str, Any] = {}
+    previous: set[str] | None = None
+    while True:
+        waiting: set[str] = set()
+        for raw in raw_ops:
+            if raw.type in SCALE_SHARING_OPS:
+                x = raw.input("Input" if raw.type in ("slice", "shape") else "X")[0]
+                out = raw.output("Out")[0]
+                if x in scales:
+                    scales[out] = scales[x]
+                elif out in scales:
+                    scales[x] = scales[out]
+                    from_output[x] = raw
+                else:
+                    waiting |= {x, out}
+            elif raw.type == "concat" and raw.output("Out")[0] in scales:
+                for x in raw.input("X"):
+                    scales[x] = scales[raw.output("Out")[0]]
+        if not waiting or waiting == previous:
+            return from_output
+        previous = waiting
+
+
+def deployed_thresholds(graph: Graph, thresholds: Mapping[str, float]) -> dict[str, float]:
+    """The threshold oneDNN's int8 path runs each var with, given ours for the QDQ'd vars.
+
+    A var downstream of a QDQ'd var through scale-sharing ops takes that var's threshold, a
+    concat's inputs take its output's. PIR graphs are returned unchanged (no int8 kernels).
+    """
+    scales = dict(thresholds)
+    if graph.family == "legacy":
+        _propagate([op.raw for op in graph.ops()], scales)
+    return scales
+
+
+@dataclass(frozen=True)
+class ClippingPool:
+    """An average ``pool2d`` oneDNN would run in int8 with its input clipped to its output's scale."""
+
+    op: OpRef
+    input: str
+    output: str
+    is_global: bool  # pools each channel to one value (global or adaptive 1x1)
+
+
+def clipping_avg_pools(graph: Graph, quantized: Iterable[str]) -> list[ClippingPool]:
+    """Average pools whose input only gets a scale backwards from the QDQ'd vars ``quantized``.
+
+    oneDNN then quantizes the (wider) pool input with the output's scale. Quantizing the pool
+    input too gives the pool, and everything sharing its scale, the input's range instead; the
+    ops reading a global pool can simply stay float (they run on one value per channel).
+    """
+    if graph.family != "legacy":
+        return []
+    quantized = set(quantized)
+    ops = graph.ops()
+    from_output = _propagate([op.raw for op in ops], dict.fromkeys(quantized, 1.0))
+    found = []
+    for op in ops:
+        if op.type != "pool2d" or op.raw.attr("pooling_type") != "avg":
+            continue
+        x, out = op.raw.input("X")[0], op.raw.output("Out")[0]
+        if from_output.get(x) is op.raw and x not in quantized:
+            one_value = op.raw.attr("global_pooling") or (
+                op.raw.attr("adaptive") and list(op.raw.attr("ksize")) == [1, 1]
+            )
+            found.append(ClippingPool(op, x, out, bool(one_value)))
+    return found

@@ -80,14 +80,16 @@ def _kl_divergence(c: Counts, bits: int) -> tuple[NDArray[np.int64], NDArray[np.
 def _kl(c: Counts, w: float, bits: int) -> float:
     """Bin edge minimising the TensorRT KL divergence; the abs max when the bins are fewer than the levels.
 
-    Like Paddle's own KL calibration, only thresholds of at least half the observed abs max are
-    candidates: after a ReLU the spike of zeros otherwise drives KL to clip most of the range
-    (measured on the demo CNN: 1.6 instead of ~6 after ReLU, -15 points top-1).
+    Like Paddle's own KL calibration, only thresholds between half the observed abs max and the
+    abs max are candidates: after a ReLU the spike of zeros otherwise drives KL to clip most of
+    the range (measured on the demo CNN: 1.6 instead of ~6 after ReLU, -15 points top-1), and
+    edges above the abs max (empty bins of a histogram whose range grew) only waste levels
+    (PP-OCRv4 rec: KL above the abs max on 3 layers, 26 vs 55 % exact match with ``mse``).
     """
-    if c.size < 2 ** (bits - 1):
-        return _abs_max(c, w, bits)
-    i, kl = _kl_divergence(c, bits)
     used = int(np.flatnonzero(c)[-1]) + 1
+    if used <= 2 ** (bits - 1):
+        return _abs_max(c, w, bits)
+    i, kl = _kl_divergence(c[:used], bits)
     kl = np.where(i >= used // 2, kl, np.inf)
     return float(i[np.argmin(kl)]) * w
 

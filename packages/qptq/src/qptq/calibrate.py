@@ -15,6 +15,7 @@ import numpy as np
 from qcore.errors import DataError
 from qcore.graph import Graph, Operand, OpRef
 from qcore.observers import HistogramObserver
+from qcore.onednn import clipping_avg_pools
 
 from .bias_correction import ChannelMean
 
@@ -61,6 +62,22 @@ def residual_adds(graph: Graph, skip_patterns: Iterable[str] = ()) -> list[Targe
         t for t in find_targets(graph, ["elementwise_add"], skip_patterns)
         if len(t.activations) == 2 and graph.added_param(t.op) is None
     ]
+
+
+def avg_pool_fixes(graph: Graph, targets: list[Target], keep_float: bool) -> tuple[list[Target], set[str]]:
+    """Keep Paddle Inference's int8 average pools from clipping the inputs of ``targets``.
+
+    An int8 pool whose input has no scale of its own quantizes it with its output's narrower
+    scale (:func:`qcore.onednn.clipping_avg_pools`). Returns the targets that quantize such
+    pools' inputs, so the pool runs with the input's range, and, when ``keep_float``, the
+    outputs of global pools instead: the ops reading one value per channel gain nothing from
+    int8 and are better left float.
+    """
+    read = {a.name for t in targets for a in t.activations}
+    pools = clipping_avg_pools(graph, read)
+    float_inputs = {p.output for p in pools if p.is_global and keep_float}
+    extra = [Target(p.op, None, graph.activation_operands(p.op)) for p in pools if p.output not in float_inputs]
+    return extra, float_inputs
 
 
 def calibrate(

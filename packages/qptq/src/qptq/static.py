@@ -24,17 +24,19 @@ from qcore.constants import (
 from qcore.graph import Graph, open_graph
 from qcore.graph.rewrite import quantize_op
 from qcore.model_io import ModelFiles, load_model
-from qcore.onednn import int8_weight_problem
+from qcore.onednn import deployed_thresholds, int8_weight_problem
 from qcore.thresholds import ALIASES, thresholds_all_algos
 
 from .bias_correction import correct_bias, input_means
-from .calibrate import Calibration, Target, calibrate, find_targets, residual_adds
+from .calibrate import Calibration, Target, avg_pool_fixes, calibrate, find_targets, residual_adds
 from .data import feed_batches
 from .naming import output_names
 
 log = logging.getLogger(__name__)
 ALGO_CHOICES = ("KL", "abs_max", "direct", "hist", "mse", "avg", "emd")
 DEFAULT_OP_TYPES = ("conv2d", "depthwise_conv2d", "mul")
+GLOBAL_POOL_REASON = ("reads a global average pool: one value per channel gains nothing from int8, and Paddle "
+                      "Inference's int8 pool would clip the pool's input to this op's input scale")
 
 
 class PostTrainingQuantization:
@@ -108,6 +110,7 @@ class PostTrainingQuantization:
             batch_nums=batch_nums,
         )
         self.graph: Graph | None = None
+        self.float_inputs: set[str] = set()  # activations whose readers stay float
         self.report: dict[str, Any] = {}
 
     def quantize(self) -> Any:
@@ -119,6 +122,8 @@ class PostTrainingQuantization:
         targets = find_targets(graph, self.op_types, self.skip_patterns)
         if self.residual_add and "elementwise_add" not in self.op_types:
             targets += residual_adds(graph, self.skip_patterns)
+        pool_targets, self.float_inputs = avg_pool_fixes(graph, targets, keep_float=self.onednn_fallback)
+        targets += pool_targets
         means = input_means(targets) if self.bias_correction else {}
         calibration = calibrate(graph, targets, self._batches(), progress=self.progress, channel_means=means)
         if self.cache_file is not None:
@@ -136,17 +141,21 @@ class PostTrainingQuantization:
         self, graph: Graph, targets: list[Target], candidates: dict[str, dict[str, float]], calibration: Calibration
     ) -> dict[str, Any]:
         layers = []
+        chosen = {name: algos[self.algo] for name, algos in candidates.items()}
+        deployed = deployed_thresholds(graph, chosen)  # oneDNN shares scales along some chains
         for target in targets:
             entry: dict[str, Any] = {"op": target.op.seed_type, "scope": target.op.scope_name, "inputs": {}}
             reason = None
             if self.onednn_fallback:
                 reason = int8_weight_problem(graph, target.op, self.weight_bits, self.per_channel)
+            if reason is None and any(a.name in self.float_inputs for a in target.activations):
+                reason = GLOBAL_POOL_REASON
             if reason is not None:
                 entry["left_float"] = reason
                 log.warning("%r left in float: %s", target.op, reason)
                 layers.append(entry)
                 continue
-            thresholds = [candidates[a.name][self.algo] for a in target.activations]
+            thresholds = [deployed[a.name] for a in target.activations]
             done = quantize_op(graph, target.op, thresholds, weight_bits=self.weight_bits,
                                activation_bits=self.activation_bits, per_channel=self.per_channel)
             if done.weight is not None and target.weight is not None:
@@ -158,7 +167,9 @@ class PostTrainingQuantization:
             for operand in target.activations:
                 every_algo = candidates[operand.name]
                 rounded = {k: round(v, 6) for k, v in every_algo.items()}
-                info = {"threshold": every_algo[self.algo], "all_algos": rounded}
+                info = {"threshold": deployed[operand.name], "all_algos": rounded}
+                if deployed[operand.name] != chosen[operand.name]:
+                    info["own_threshold"] = chosen[operand.name]  # oneDNN runs it with another tensor's scale
                 if info["threshold"] <= 0:
                     info["left_float"] = "activation was all zeros during calibration"
                     log.warning("activation %s was all zeros during calibration; left in float", operand.name)
