@@ -166,6 +166,34 @@ def test_legacy_export_keeps_float_what_onednn_would_run_wrongly(tmp_path):
     assert qat.left_float == {}  # the PIR form runs float kernels: nothing to avoid
 
 
+class SqueezeHead(paddle.nn.Layer):
+    """conv -> hardswish -> global average pool -> 1x1 conv: MobileNetV3's squeeze step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = paddle.nn.Conv2D(1, 8, 3, padding=1)
+        self.squeeze = paddle.nn.Conv2D(8, 4, 1)
+
+    def forward(self, x):
+        features = paddle.nn.functional.hardswish(self.conv(x))
+        return self.squeeze(paddle.nn.functional.adaptive_avg_pool2d(features, 1))
+
+
+def test_legacy_export_keeps_float_what_reads_a_clipping_avg_pool(tmp_path):
+    paddle.seed(0)
+    net = SqueezeHead()
+    qat = QAT()
+    qat.quantize(net)
+    x = (np.random.default_rng(0).normal(size=(16, 1, 8, 8)) * 3).astype("float32")
+    net.train()
+    net(paddle.to_tensor(x))
+    files = qat.save_quantized_model(net, tmp_path / "legacy" / "m", TINY_SPEC, family="legacy")
+    assert list(qat.left_float) == [net.squeeze.layer.weight.name]
+    assert "average pool" in qat.left_float[net.squeeze.layer.weight.name]
+    reference = load_model(files.directory).run({"x": x})[0]
+    np.testing.assert_allclose(predict(files, {"x": x})[0], reference, atol=0.02 * np.abs(reference).max())
+
+
 def test_save_needs_a_quantized_model(tmp_path):
     with pytest.raises(QuantError, match="call QAT"):
         QAT().save_quantized_model(TinyConvNet(), tmp_path / "m", TINY_SPEC)

@@ -145,6 +145,13 @@ def deployed_thresholds(graph: Graph, thresholds: Mapping[str, float]) -> dict[s
     return scales
 
 
+#: Why an op reading a clipping average pool (:func:`clipping_avg_pools`) is left float.
+POOL_READER_REASON = (
+    "reads an average pool that Paddle Inference's int8 kernel would run with this op's input scale, clipping "
+    "the pool's input (after a global pool the op sees one value per channel: int8 gains nothing there)"
+)
+
+
 @dataclass(frozen=True)
 class ClippingPool:
     """An average ``pool2d`` oneDNN would run in int8 with its input clipped to its output's scale."""

@@ -24,7 +24,7 @@ from qcore.constants import (
 from qcore.graph import Graph, open_graph
 from qcore.graph.rewrite import quantize_op
 from qcore.model_io import ModelFiles, load_model
-from qcore.onednn import deployed_thresholds, int8_weight_problem
+from qcore.onednn import POOL_READER_REASON, deployed_thresholds, int8_weight_problem
 from qcore.thresholds import ALIASES, thresholds_all_algos
 
 from .bias_correction import correct_bias, input_means
@@ -35,8 +35,6 @@ from .naming import output_names
 log = logging.getLogger(__name__)
 ALGO_CHOICES = ("KL", "abs_max", "direct", "hist", "mse", "avg", "emd")
 DEFAULT_OP_TYPES = ("conv2d", "depthwise_conv2d", "mul")
-GLOBAL_POOL_REASON = ("reads a global average pool: one value per channel gains nothing from int8, and Paddle "
-                      "Inference's int8 pool would clip the pool's input to this op's input scale")
 
 
 class PostTrainingQuantization:
@@ -149,7 +147,7 @@ class PostTrainingQuantization:
             if self.onednn_fallback:
                 reason = int8_weight_problem(graph, target.op, self.weight_bits, self.per_channel)
             if reason is None and any(a.name in self.float_inputs for a in target.activations):
-                reason = GLOBAL_POOL_REASON
+                reason = POOL_READER_REASON
             if reason is not None:
                 entry["left_float"] = reason
                 log.warning("%r left in float: %s", target.op, reason)

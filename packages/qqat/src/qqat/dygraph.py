@@ -25,7 +25,7 @@ from qcore.config import QuantConfig
 from qcore.errors import ConfigError, QuantError
 from qcore.graph import Graph, OpRef, open_graph, quantize_op
 from qcore.model_io import ModelFiles, load_model
-from qcore.onednn import int8_weight_problem
+from qcore.onednn import POOL_READER_REASON, clipping_avg_pools, int8_weight_problem
 from qcore.paddle_env import FAMILIES
 
 from .config import dygraph_config
@@ -89,8 +89,9 @@ class QAT:
         batch_norm pairs are folded when every weight is quantized per channel (``fold_bn=None``;
         folding is then exact); the file is written atomically. The model is not changed.
         In the legacy family, a layer whose int8 weight Paddle Inference's oneDNN path would run
-        wrongly (see :func:`qcore.onednn.int8_weight_problem`) stays float; ``self.left_float``
-        lists them with the reason.
+        wrongly (see :func:`qcore.onednn.int8_weight_problem`), or that reads an average pool
+        Paddle Inference's int8 kernel would clip (:func:`qcore.onednn.clipping_avg_pools`), stays
+        float; ``self.left_float`` lists them with the reason.
         """
         if family not in FAMILIES:
             raise ConfigError(f"family={family!r} is not valid; valid choices: 'pir', 'legacy'")
@@ -109,8 +110,12 @@ class QAT:
             if fold:
                 graph.fold_conv_bn()
             self.left_float = {}
+            read = {a.name for _, op in targets for a in graph.activation_operands(op)}
+            pool_outputs = {pool.output for pool in clipping_avg_pools(graph, read)}
             for layer, op in targets:
                 reason = int8_weight_problem(graph, op, self.config.weight_bits, layer.per_channel)
+                if reason is None and any(a.name in pool_outputs for a in graph.activation_operands(op)):
+                    reason = POOL_READER_REASON
                 if reason is not None:  # legacy only: Paddle Inference would run its int8 weight wrongly
                     self.left_float[layer.layer.weight.name] = reason
                     log.warning("%s left in float in the export: %s", layer.layer.weight.name, reason)
