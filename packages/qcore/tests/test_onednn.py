@@ -118,3 +118,16 @@ def test_avg_pools_quantized_only_on_the_output_side_are_found(pool_graphs):
     assert clipping_avg_pools(legacy, [max_out]) == []  # a max pool never clips what it keeps
     names = {"anything": 1.0}
     assert deployed_thresholds(pir, names) == names and clipping_avg_pools(pir, ["anything"]) == []
+
+
+def test_int8_problem_names_the_readers_of_a_clipping_pool(pool_graphs):
+    from qcore.onednn import POOL_READER_REASON, int8_problem
+
+    legacy, _ = pool_graphs
+    (_, avg_out), _ = _io(legacy, "pool2d")
+    conv, squeeze, head = legacy.ops(["conv2d"])
+    pool_outputs = {p.output for p in clipping_avg_pools(legacy, [avg_out])}
+    assert int8_problem(legacy, squeeze, float_inputs=pool_outputs) == POOL_READER_REASON
+    assert int8_problem(legacy, conv, float_inputs=pool_outputs) is None
+    assert int8_problem(legacy, head, float_inputs=pool_outputs) is None
+    assert int8_problem(legacy, squeeze) is None  # nothing to keep float

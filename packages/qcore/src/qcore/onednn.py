@@ -185,3 +185,17 @@ def clipping_avg_pools(graph: Graph, quantized: Iterable[str]) -> list[ClippingP
             )
             found.append(ClippingPool(op, x, out, bool(one_value)))
     return found
+
+
+def int8_problem(
+    graph: Graph, op: OpRef, bits: int = 8, per_channel: bool = True, float_inputs: Iterable[str] = ()
+) -> str | None:
+    """Why ``op`` should stay float in a model for Paddle Inference's int8 path, or None.
+
+    Its weight would run wrongly (:func:`int8_weight_problem`), or it reads one of
+    ``float_inputs``: outputs of average pools :func:`clipping_avg_pools` found.
+    """
+    reason = int8_weight_problem(graph, op, bits, per_channel)
+    if reason is None and not {a.name for a in graph.activation_operands(op)}.isdisjoint(float_inputs):
+        reason = POOL_READER_REASON
+    return reason

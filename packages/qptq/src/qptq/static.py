@@ -24,7 +24,7 @@ from qcore.constants import (
 from qcore.graph import Graph, open_graph
 from qcore.graph.rewrite import quantize_op
 from qcore.model_io import ModelFiles, load_model
-from qcore.onednn import POOL_READER_REASON, deployed_thresholds, int8_weight_problem
+from qcore.onednn import deployed_thresholds, int8_problem
 from qcore.thresholds import ALIASES, thresholds_all_algos
 
 from .bias_correction import correct_bias, input_means
@@ -145,9 +145,7 @@ class PostTrainingQuantization:
             entry: dict[str, Any] = {"op": target.op.seed_type, "scope": target.op.scope_name, "inputs": {}}
             reason = None
             if self.onednn_fallback:
-                reason = int8_weight_problem(graph, target.op, self.weight_bits, self.per_channel)
-            if reason is None and any(a.name in self.float_inputs for a in target.activations):
-                reason = POOL_READER_REASON
+                reason = int8_problem(graph, target.op, self.weight_bits, self.per_channel, self.float_inputs)
             if reason is not None:
                 entry["left_float"] = reason
                 log.warning("%r left in float: %s", target.op, reason)

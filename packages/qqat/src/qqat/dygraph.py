@@ -25,7 +25,7 @@ from qcore.config import QuantConfig
 from qcore.errors import ConfigError, QuantError
 from qcore.graph import Graph, OpRef, open_graph, quantize_op
 from qcore.model_io import ModelFiles, load_model
-from qcore.onednn import POOL_READER_REASON, clipping_avg_pools, int8_weight_problem
+from qcore.onednn import clipping_avg_pools, int8_problem
 from qcore.paddle_env import FAMILIES
 
 from .config import dygraph_config
@@ -113,10 +113,8 @@ class QAT:
             read = {a.name for _, op in targets for a in graph.activation_operands(op)}
             pool_outputs = {pool.output for pool in clipping_avg_pools(graph, read)}
             for layer, op in targets:
-                reason = int8_weight_problem(graph, op, self.config.weight_bits, layer.per_channel)
-                if reason is None and any(a.name in pool_outputs for a in graph.activation_operands(op)):
-                    reason = POOL_READER_REASON
-                if reason is not None:  # legacy only: Paddle Inference would run its int8 weight wrongly
+                reason = int8_problem(graph, op, self.config.weight_bits, layer.per_channel, pool_outputs)
+                if reason is not None:  # legacy only: Paddle Inference would run it wrongly in int8
                     self.left_float[layer.layer.weight.name] = reason
                     log.warning("%s left in float in the export: %s", layer.layer.weight.name, reason)
                     continue
