@@ -131,3 +131,58 @@ def test_int8_problem_names_the_readers_of_a_clipping_pool(pool_graphs):
     assert int8_problem(legacy, conv, float_inputs=pool_outputs) is None
     assert int8_problem(legacy, head, float_inputs=pool_outputs) is None
     assert int8_problem(legacy, squeeze) is None  # nothing to keep float
+
+
+class PoolHead(paddle.nn.Layer):
+    """PP-OCR cls's head: hardswish -> max pool -> global avg pool -> reshape -> fc."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = paddle.nn.Conv2D(3, 4, 3, padding=1)
+        self.fc = paddle.nn.Linear(4, 2)
+        self.fc.weight.set_value(np.full((4, 2), 0.5, "float32"))  # equal columns: no fc weight problem
+
+    def forward(self, x):
+        pooled = paddle.nn.functional.max_pool2d(paddle.nn.functional.hardswish(self.conv(x)), 2)
+        return self.fc(paddle.reshape(paddle.nn.functional.adaptive_avg_pool2d(pooled, 1), [-1, 4]))
+
+
+def test_a_pool_scaled_through_a_reshape_keeps_the_fc_behind_it_float(tmp_path):
+    from qcore.onednn import POOL_READER_REASON, int8_problem
+
+    spec = [paddle.static.InputSpec([None, 3, 8, 8], "float32", "x")]
+    with paddle.pir_utils.DygraphOldIrGuard():
+        paddle.jit.save(PoolHead(), str(tmp_path / "m"), input_spec=spec)
+    graph = open_graph(load_model(tmp_path))
+    (fc,) = graph.ops(["mul"])
+    (fc_input,) = [a.name for a in graph.activation_operands(fc)]
+    (pool,) = clipping_avg_pools(graph, [fc_input])  # the max pool shares the avg pool's scale: not a second find
+    assert pool.is_global and pool.scale_from == fc_input != pool.output
+    assert int8_problem(graph, fc, float_inputs={pool.scale_from}) == POOL_READER_REASON
+
+
+def test_residual_fusions_name_the_conv_onednn_computes_each_add_in(tmp_path):
+    from qcore.onednn import residual_fusions
+    from qcore.testing import TinyResNet, save_tiny_net
+
+    paddle.seed(0)
+    save_tiny_net(TinyResNet(), tmp_path / "legacy", "legacy_pdmodel")
+    save_tiny_net(TinyResNet(), tmp_path / "pir", "pir")
+    graph = open_graph(load_model(tmp_path / "legacy"))
+    convs = graph.ops(["conv2d"])
+    weights = {graph.weight_operand(c).name: c for c in convs}
+    stem, id0, id1, pr0, pr1, short = (weights[f"conv2d_{i}.w_0"] for i in (0, 1, 2, 3, 4, 5))
+
+    def reading(op_type, var, slot="Out"):  # the output of the op_type op that reads var
+        return next(o.raw.output(slot)[0] for o in graph.ops() if o.type == op_type and var in o.raw.input_arg_names)
+
+    def normed(conv):  # the batch norm's output after a conv
+        return reading("batch_norm", conv.raw.output("Output")[0], "Y")
+
+    identity, projection = residual_fusions(graph)
+    # identity block: the second conv takes the block input (the stem's relu output) as residual
+    assert identity.conv == id1 and identity.residual == reading("relu", normed(stem))
+    assert identity.output == reading("relu", identity.add.raw.output("Out")[0])  # the relu is fused too
+    # projection block: the main branch's second conv is fused, the shortcut conv's output is the residual
+    assert projection.conv == pr1 and projection.residual == normed(short)
+    assert residual_fusions(open_graph(load_model(tmp_path / "pir"))) == []

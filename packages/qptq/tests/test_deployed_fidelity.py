@@ -152,3 +152,64 @@ def test_global_avg_pools_never_let_the_int8_pool_clip(tmp_path, monkeypatch):
     monkeypatch.setattr("qptq.static.avg_pool_fixes", lambda graph, targets, keep_float: ([], set()))
     _quantize(tmp_path / "float", tmp_path / "clipped", x, onednn_fallback=False)
     assert deployed_error(tmp_path / "clipped") > 0.08  # the int8 pool clipped its input (measured 0.13 vs 0.007)
+
+
+class ReluChain(paddle.nn.Layer):
+    """conv -> relu -> conv -> relu6 -> conv: oneDNN runs the relu output (only) as unsigned int8."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = paddle.nn.LayerList([paddle.nn.Conv2D(c, 16, 3, padding=1) for c in (3, 16, 16)])
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        f = paddle.nn.functional
+        return self.convs[2](f.relu6(self.convs[1](f.relu(self.convs[0](x)))))
+
+
+def test_unsigned_activations_are_simulated_as_onednn_runs_them(tmp_path, monkeypatch):
+    paddle.seed(0)
+    _save_legacy(ReluChain(), tmp_path / "float", [None, 3, 16, 16])
+    x = np.random.default_rng(4).standard_normal((32, 3, 16, 16)).astype("float32")
+
+    def deployed_error(out) -> float:
+        files = find_model_files(out)
+        return _relative(predict(files, {"x": x})[0], load_model(files.directory).run({"x": x})[0])
+
+    report = _quantize(tmp_path / "float", tmp_path / "u8", x)
+    assert [[info.get("unsigned", False) for info in layer["inputs"].values()] for layer in report["layers"]] == [
+        [False], [True], [False]]
+    assert deployed_error(tmp_path / "u8") < 1e-5  # measured 4e-7: the simulation is what oneDNN runs
+
+    monkeypatch.setattr("qptq.static.unsigned_activations", lambda graph: set())
+    _quantize(tmp_path / "float", tmp_path / "s8", x)
+    assert deployed_error(tmp_path / "s8") > 1e-3  # signed simulation of the relu output (measured 0.015)
+
+
+def test_residual_joins_simulate_what_onednn_fuses_and_rounds(tmp_path, monkeypatch):
+    from qcore.onednn import RESIDUAL_OUTPUT_REASON
+    from qcore.testing import TinyResNet
+
+    paddle.seed(0)
+    _save_legacy(TinyResNet(), tmp_path / "float", [None, 1, 8, 8])
+    x = np.random.default_rng(5).standard_normal((32, 1, 8, 8)).astype("float32")
+
+    def deployed_error(out) -> float:
+        files = find_model_files(out)
+        return _relative(predict(files, {"x": x})[0], load_model(files.directory).run({"x": x})[0])
+
+    report = _quantize(tmp_path / "float", tmp_path / "fused", x, optimize_model=True)
+    by_weight = {layer["weight"]["name"]: layer for layer in report["layers"] if "weight" in layer}
+    adds = [layer for layer in report["layers"] if layer["op"] == "elementwise_add"]
+    # identity block: only the residual input is quantized (the fused conv's own output is never rounded)
+    assert len(adds[0]["inputs"]) == 1
+    # projection block: its fused conv writes the model output (no scale), so oneDNN runs it float
+    assert adds[1].get("left_float") and "conv2d_4.w_0" not in by_weight
+    assert RESIDUAL_OUTPUT_REASON in [layer.get("left_float") for layer in report["layers"]]
+    assert deployed_error(tmp_path / "fused") < 2e-3  # measured 5.5e-4
+
+    # without modelling the fusions: no residual QDQ, every conv int8, float readers of int8 outputs unrounded
+    monkeypatch.setattr("qptq.calibrate.residual_fusions", lambda graph: [])
+    monkeypatch.setattr("qptq.static.float_residual_convs", lambda graph, names: [])
+    monkeypatch.setattr("qptq.static.share_int8_outputs", lambda graph, ops, names: set())
+    _quantize(tmp_path / "float", tmp_path / "naive", x, optimize_model=True)
+    assert deployed_error(tmp_path / "naive") > 4e-3  # measured 7.8e-3

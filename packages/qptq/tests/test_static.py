@@ -47,11 +47,16 @@ def test_output_graph_contents_and_report(demo_model, demo_data, tmp_path):
     # 4 conv2d + 1 depthwise_conv2d + 1 mul, then the residual add (relu + conv branch)
     assert ops == ["conv2d", "conv2d", "depthwise_conv2d", "conv2d", "conv2d", "mul", "elementwise_add"]
     activations = {name for layer in ptq.report["layers"] for name in layer["inputs"]}
-    assert len(activations) == 7  # the add's relu input is shared with a conv: one QDQ pair
+    add_inputs = list(ptq.report["layers"][-1]["inputs"])
     if files.family == "legacy":
+        # oneDNN computes the add in the pointwise conv: only its residual input (the relu output the
+        # depthwise conv reads too, so no new QDQ pair) is quantized, never the conv's own output
+        assert len(add_inputs) == 1 and add_inputs[0] in ptq.report["layers"][2]["inputs"]
+        assert len(activations) == 6
         assert files.model_file.name == "inference.pdmodel"
-        assert types.count("quantize_linear") == 7 and types.count("dequantize_linear") == 7 + 6
-    else:
+        assert types.count("quantize_linear") == 6 and types.count("dequantize_linear") == 6 + 6
+    else:  # both inputs (TensorRT's int8 add); the relu input is shared with a conv: one QDQ pair
+        assert len(add_inputs) == 2 and len(activations) == 7
         assert files.model_file.name == "inference.json"  # __model__ cannot name a PIR model
         assert types.count("pd_op.fake_quantize_dequantize_moving_average_abs_max") == 7
     without = PostTrainingQuantization(sample_generator=_samples(calib), model_dir=directory, batch_size=25,

@@ -143,8 +143,10 @@ def test_save_runs_in_executor_and_inference_like_the_qat_model(tmp_path, family
     executor = graph.run({"x": x})[0]
     deployed = predict(files, {"x": x})[0]
     scale = np.abs(reference).max()
-    assert np.abs(executor - reference).max() < 0.02 * scale
+    assert np.abs(executor - reference).max() < 0.02 * scale  # legacy: relu outputs as oneDNN's u8 (1.3 %)
     assert np.abs(deployed - reference).max() < 0.05 * scale
+    if config == {}:  # batch norm folded: the executor runs what Paddle Inference does (0.1 %; 1.3 % as s8)
+        assert np.abs(deployed - executor).max() < 0.005 * scale
 
 
 def test_legacy_export_keeps_float_what_onednn_would_run_wrongly(tmp_path):

@@ -109,7 +109,7 @@ SCALE_SHARING_OPS = frozenset({
 
 def _propagate(raw_ops: list[Any], scales: dict[str, float]) -> dict[str, Any]:
     """Run the pass's propagation over ``raw_ops`` in place; return the vars given a scale
-    backwards (from a scale-sharing op's output to its input), with that op."""
+    backwards (from the output of a scale-sharing op or concat to its input), with that op."""
     from_output: dict[str, Any] = {}
     previous: set[str] | None = None
     while True:
@@ -128,6 +128,7 @@ def _propagate(raw_ops: list[Any], scales: dict[str, float]) -> dict[str, Any]:
             elif raw.type == "concat" and raw.output("Out")[0] in scales:
                 for x in raw.input("X"):
                     scales[x] = scales[raw.output("Out")[0]]
+                    from_output[x] = raw
         if not waiting or waiting == previous:
             return from_output
         previous = waiting
@@ -145,6 +146,175 @@ def deployed_thresholds(graph: Graph, thresholds: Mapping[str, float]) -> dict[s
     return scales
 
 
+
+
+class _Dataflow:
+    """Who makes and who reads each var of a legacy graph, and what oneDNN's fuse passes fold into a conv."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.ops = graph.ops()
+        self.params = set(graph.param_names())
+        self.producer = {out: op for op in self.ops for out in op.raw.output_arg_names}
+        self.readers: dict[str, list[Any]] = {}
+        for op in self.ops:
+            for name in op.raw.input_arg_names:
+                self.readers.setdefault(name, []).append(op.raw)
+
+    def conv_behind(self, var: str, read_once: bool = False) -> OpRef | None:
+        """The conv oneDNN computes ``var`` in: through a batch norm (``conv_bn_fuse_pass``) or a bias
+        add ``conv_bias_onednn_fuse_pass`` takes (``axis=1``, a parameter: not Paddle 3's reshaped
+        bias with ``axis=-1``). ``read_once``: every var on the way has one reader."""
+        while (op := self.producer.get(var)) is not None and not (read_once and len(self.readers.get(var, [])) != 1):
+            if op.type in _FUSING_CONVS:
+                return op
+            bias = op.type == "elementwise_add" and op.raw.attr("axis") == 1 and op.raw.input("Y")[0] in self.params
+            if not (bias or op.type == "batch_norm"):
+                return None
+            var = op.raw.input("X")[0]
+        return None
+
+    def reaches(self, source: str, target: str) -> bool:
+        seen, todo = set(), [source]
+        while todo:
+            var = todo.pop()
+            if var == target:
+                return True
+            for raw in self.readers.get(var, []):
+                todo.extend(out for out in raw.output_arg_names if out not in seen)
+                seen.update(raw.output_arg_names)
+        return False
+
+
+_FUSING_CONVS = frozenset({"conv2d", "depthwise_conv2d"})
+_FC_OPS = frozenset({"mul", "matmul", "matmul_v2"})
+#: Activations ``conv_activation_onednn_fuse_pass`` / ``fc_act_onednn_fuse_pass`` fold into the op before.
+_FUSED_ACTIVATIONS = frozenset({
+    "relu", "relu6", "hard_swish", "swish", "sigmoid", "tanh", "leaky_relu", "hard_sigmoid", "gelu", "mish", "abs",
+    "sqrt", "clip",
+})
+
+
+def int8_written(graph: Graph, quantized: Iterable[OpRef], activations: Iterable[str]) -> set[str]:
+    """The QDQ'd ``activations`` oneDNN writes as int8 tensors: outputs of a ``quantized`` conv or fc,
+    after what it fuses (bias, batch norm, an activation, a residual add).
+
+    cpu_quantize_pass makes such an op output int8 at the var's scale and dequantizes it for float
+    readers, so every reader sees the rounded values, not only the ops given the QDQ copy.
+    Empty for PIR graphs.
+    """
+    if graph.family != "legacy":
+        return set()
+    flow = _Dataflow(graph)
+    ids = {id(op.raw) for op in quantized}
+    residual_convs = {id(f.add.raw): f.conv for f in residual_fusions(graph)}
+    found = set()
+    for name in activations:
+        op, var = flow.producer.get(name), name
+        if op is not None and op.type in _FUSED_ACTIVATIONS:
+            var = op.raw.input("X")[0]
+            op = flow.producer.get(var) if len(flow.readers.get(var, [])) == 1 else None
+        if op is not None and id(op.raw) in residual_convs:
+            op = residual_convs[id(op.raw)]
+        elif op is not None and op.type == "elementwise_add" and flow.params.intersection(op.raw.input("Y")):
+            fc = flow.producer.get(op.raw.input("X")[0])
+            op = fc if fc is not None and fc.type in _FC_OPS else flow.conv_behind(var, read_once=True)
+        elif op is not None and op.type not in _FUSING_CONVS | _FC_OPS:
+            op = flow.conv_behind(var, read_once=True)
+        if op is not None and id(op.raw) in ids:
+            found.add(name)
+    return found
+
+
+def unsigned_activations(graph: Graph) -> set[str]:
+    """Vars oneDNN's int8 path quantizes as unsigned (``u8``, 255 levels over ``[0, t]``).
+
+    ``compute_propagate_scales_onednn_pass`` marks a QDQ'd var unsigned when a ``relu`` op made
+    it, or a conv or fc the relu was fused into. A relu ``batch_norm_act_fuse_pass`` folds into
+    a batch norm (one no conv absorbed first) or that follows a ``conv2d_transpose`` makes a
+    signed var. Such a var runs with twice the resolution of the signed QDQ in the model;
+    :meth:`Graph.insert_act_qdq` can simulate that. The pass also names a fused ``relu6``, but
+    Paddle 3.3.1 runs conv + bias + relu6 outputs signed (measured: simulating them unsigned
+    moves the simulation 1 % away from what deploys; relu outputs then match to 1e-6).
+    Empty for PIR graphs.
+    """
+    if graph.family != "legacy":
+        return set()
+    flow = _Dataflow(graph)
+    found = set()
+    for op in flow.ops:
+        if op.type != "relu":
+            continue
+        x = op.raw.input("X")[0]
+        source = flow.producer.get(x)
+        if source is not None and source.type == "batch_norm" and flow.conv_behind(x) is None:
+            continue  # relu fused into the batch norm
+        if source is not None and source.type == "elementwise_add" and flow.params.intersection(source.raw.input("Y")):
+            source = flow.producer.get(source.raw.input("X")[0])
+        if source is not None and source.type == "conv2d_transpose":
+            continue
+        found.add(op.raw.output("Out")[0])
+    return found
+
+
+
+def share_int8_outputs(graph: Graph, quantized: Iterable[OpRef], activations: Iterable[str]) -> set[str]:
+    """Make every reader of the :func:`int8_written` ``activations`` read their QDQ copy, as deployed."""
+    names = int8_written(graph, quantized, activations)
+    for name in sorted(names):
+        graph.read_qdq_everywhere(name)
+    return names
+
+@dataclass(frozen=True)
+class ResidualFusion:
+    """An ``elementwise_add`` oneDNN computes inside the conv that makes one of its inputs."""
+
+    add: OpRef
+    conv: OpRef  # never writes its own output: the add's output is the fused conv's output
+    residual: str  # the other input: the fused conv's ResidualData, quantized with its own scale
+    output: str  # what the fused conv writes: the add's output, or the activation's fused after it
+
+
+def residual_fusions(graph: Graph) -> list[ResidualFusion]:
+    """The residual adds ``conv_elementwise_add_onednn_fuse_pass`` folds into a conv.
+
+    An input qualifies when a conv made it (:meth:`_Dataflow.conv_behind`) and only the add reads
+    it. With two such inputs, the conv fused is the one downstream of the other conv's input (a
+    projection shortcut stays the residual); with one, the other input must reach it. The fused
+    conv's output never exists as a tensor, so a QDQ on it simulates a rounding Paddle Inference
+    does not do (PP-OCR cls: simulated and deployed outputs 1.5 % apart, 0.2 % without it).
+    Empty for PIR graphs.
+    """
+    if graph.family != "legacy":
+        return []
+    flow = _Dataflow(graph)
+    found = []
+
+    def fusion(add: OpRef, conv: OpRef, residual: str) -> ResidualFusion:
+        out = add.raw.output("Out")[0]
+        readers = flow.readers.get(out, [])
+        if len(readers) == 1 and readers[0].type in _FUSED_ACTIVATIONS:
+            out = readers[0].output("Out")[0]
+        return ResidualFusion(add, conv, residual, out)
+
+    for add in flow.ops:
+        if add.type != "elementwise_add" or graph.added_param(add) is not None:
+            continue
+        x, y = add.raw.input("X")[0], add.raw.input("Y")[0]
+        if add.raw.block._find_var_recursive(x).shape != add.raw.block._find_var_recursive(y).shape:
+            continue  # the pass does not fuse broadcasting adds
+        conv_x, conv_y = flow.conv_behind(x, read_once=True), flow.conv_behind(y, read_once=True)
+        if conv_x and conv_y:
+            if flow.reaches(conv_x.raw.input("Input")[0], y):
+                found.append(fusion(add, conv_y, x))
+            elif flow.reaches(conv_y.raw.input("Input")[0], x):
+                found.append(fusion(add, conv_x, y))
+        elif conv_x and flow.reaches(y, x):
+            found.append(fusion(add, conv_x, y))
+        elif conv_y and flow.reaches(x, y):
+            found.append(fusion(add, conv_y, x))
+    return found
+
+
 #: Why an op reading a clipping average pool (:func:`clipping_avg_pools`) is left float.
 POOL_READER_REASON = (
     "reads an average pool that Paddle Inference's int8 kernel would run with this op's input scale, clipping "
@@ -160,6 +330,7 @@ class ClippingPool:
     input: str
     output: str
     is_global: bool  # pools each channel to one value (global or adaptive 1x1)
+    scale_from: str  # the QDQ'd var whose threshold it gets: its output or one further down scale-sharing ops
 
 
 def clipping_avg_pools(graph: Graph, quantized: Iterable[str]) -> list[ClippingPool]:
@@ -167,7 +338,8 @@ def clipping_avg_pools(graph: Graph, quantized: Iterable[str]) -> list[ClippingP
 
     oneDNN then quantizes the (wider) pool input with the output's scale. Quantizing the pool
     input too gives the pool, and everything sharing its scale, the input's range instead; the
-    ops reading a global pool can simply stay float (they run on one value per channel).
+    ops reading a global pool (``scale_from``, possibly through a reshape) can simply stay
+    float (they run on one value per channel).
     """
     if graph.family != "legacy":
         return []
@@ -183,19 +355,45 @@ def clipping_avg_pools(graph: Graph, quantized: Iterable[str]) -> list[ClippingP
             one_value = op.raw.attr("global_pooling") or (
                 op.raw.attr("adaptive") and list(op.raw.attr("ksize")) == [1, 1]
             )
-            found.append(ClippingPool(op, x, out, bool(one_value)))
+            source = out
+            while source not in quantized and source in from_output:
+                source = from_output[source].output("Out")[0]
+            found.append(ClippingPool(op, x, out, bool(one_value), source))
     return found
 
 
+#: Why a conv fused with a residual add is left float when no int8 op reads what it writes.
+RESIDUAL_OUTPUT_REASON = (
+    "Paddle Inference runs a conv fused with a residual add in int8 only when its output has a scale, "
+    "and no quantized op reads this one's"
+)
+
+
+def float_residual_convs(graph: Graph, quantized_inputs: Iterable[str]) -> list[OpRef]:
+    """Convs :func:`residual_fusions` fuses whose output or residual gets no scale from the QDQ'd
+    ``quantized_inputs`` (directly or propagated): cpu_quantize_pass leaves them float (measured:
+    a lone int8 residual conv deploys in float)."""
+    scaled = deployed_thresholds(graph, dict.fromkeys(quantized_inputs, 1.0))  # with the scales oneDNN propagates
+    return [f.conv for f in residual_fusions(graph) if f.output not in scaled or f.residual not in scaled]
+
+
 def int8_problem(
-    graph: Graph, op: OpRef, bits: int = 8, per_channel: bool = True, float_inputs: Iterable[str] = ()
+    graph: Graph,
+    op: OpRef,
+    bits: int = 8,
+    per_channel: bool = True,
+    float_inputs: Iterable[str] = (),
+    float_convs: Iterable[OpRef] = (),
 ) -> str | None:
     """Why ``op`` should stay float in a model for Paddle Inference's int8 path, or None.
 
-    Its weight would run wrongly (:func:`int8_weight_problem`), or it reads one of
-    ``float_inputs``: outputs of average pools :func:`clipping_avg_pools` found.
+    Its weight would run wrongly (:func:`int8_weight_problem`), it reads one of ``float_inputs``
+    (the ``scale_from`` vars of average pools :func:`clipping_avg_pools` found), or it is one of
+    ``float_convs`` (:func:`float_residual_convs`), which oneDNN runs in float anyway.
     """
     reason = int8_weight_problem(graph, op, bits, per_channel)
     if reason is None and not {a.name for a in graph.activation_operands(op)}.isdisjoint(float_inputs):
         reason = POOL_READER_REASON
+    if reason is None and any(op.raw is conv.raw for conv in float_convs):
+        reason = RESIDUAL_OUTPUT_REASON
     return reason

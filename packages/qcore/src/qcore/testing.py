@@ -48,6 +48,28 @@ class TinyEmbeddingNet(paddle.nn.Layer):
         return self.fc(paddle.mean(self.emb(ids), axis=1))
 
 
+class TinyResNet(paddle.nn.Layer):
+    """stem -> identity block -> projection block (strided, conv shortcut); conv + batch_norm units."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+        def unit(cin: int, cout: int, k: int = 3, stride: int = 1) -> paddle.nn.Sequential:
+            conv = paddle.nn.Conv2D(cin, cout, k, stride=stride, padding=k // 2, bias_attr=False)
+            return paddle.nn.Sequential(conv, paddle.nn.BatchNorm2D(cout))
+
+        self.stem = unit(1, 8)
+        self.identity = paddle.nn.LayerList([unit(8, 8), unit(8, 8)])
+        self.projection = paddle.nn.LayerList([unit(8, 16, stride=2), unit(16, 16)])
+        self.shortcut = unit(8, 16, k=1, stride=2)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        relu = paddle.nn.functional.relu
+        y = relu(self.stem(x))
+        y = relu(y + self.identity[1](relu(self.identity[0](y))))
+        return relu(self.shortcut(y) + self.projection[1](relu(self.projection[0](y))))
+
+
 EMBEDDING_INPUT_SPEC = (paddle.static.InputSpec([None, 6], "int64", "ids"),)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from qcore.errors import DataError
 from qcore.graph import Graph, Operand, OpRef
 from qcore.observers import HistogramObserver
-from qcore.onednn import clipping_avg_pools
+from qcore.onednn import clipping_avg_pools, residual_fusions
 
 from .bias_correction import ChannelMean
 
@@ -31,7 +31,8 @@ class Target:
 
     op: OpRef
     weight: Operand | None
-    activations: list[Operand]
+    activations: list[Operand]  # the ones to quantize: all the op reads, or fewer
+    fused_into: OpRef | None = None  # a conv oneDNN computes this op in: quantized only with it
 
 
 @dataclass
@@ -52,16 +53,29 @@ def find_targets(graph: Graph, op_types: Iterable[str], skip_patterns: Iterable[
     ]
 
 
-def residual_adds(graph: Graph, skip_patterns: Iterable[str] = ()) -> list[Target]:
-    """Every ``elementwise_add`` of two activations (a residual join, not a bias add).
+def residual_adds(graph: Graph, targets: list[Target], skip_patterns: Iterable[str] = ()) -> list[Target]:
+    """The residual joins (``elementwise_add`` of two activations) to quantize along with ``targets``.
 
-    Quantizing its inputs gives Paddle Inference's oneDNN pass the scales it needs to fuse the
-    add into the preceding int8 conv ("conv with residual connection") and keep the chain int8.
+    Legacy programs (Paddle Inference's oneDNN int8 path): the adds oneDNN computes inside a conv
+    of ``targets`` (:func:`qcore.onednn.residual_fusions`), with only their residual input; its
+    scale keeps the fused conv int8 end to end. oneDNN never rounds the conv's own output and
+    runs other adds in float, so quantizing more would only make the simulation differ from
+    what deploys. PIR programs: both inputs of every residual join (TensorRT's int8 adds).
     """
-    return [
+    adds = [
         t for t in find_targets(graph, ["elementwise_add"], skip_patterns)
         if len(t.activations) == 2 and graph.added_param(t.op) is None
     ]
+    if graph.family != "legacy":
+        return adds
+    by_op = {id(t.op.raw): t for t in adds}
+    convs = {id(t.op.raw) for t in targets}
+    return [
+        Target(fusion.add, None, [a for a in by_op[id(fusion.add.raw)].activations if a.name == fusion.residual],
+               fused_into=fusion.conv)
+        for fusion in residual_fusions(graph)
+        if id(fusion.add.raw) in by_op and id(fusion.conv.raw) in convs
+    ]  # fmt: skip
 
 
 def avg_pool_fixes(graph: Graph, targets: list[Target], keep_float: bool) -> tuple[list[Target], set[str]]:
@@ -70,14 +84,14 @@ def avg_pool_fixes(graph: Graph, targets: list[Target], keep_float: bool) -> tup
     An int8 pool whose input has no scale of its own quantizes it with its output's narrower
     scale (:func:`qcore.onednn.clipping_avg_pools`). Returns the targets that quantize such
     pools' inputs, so the pool runs with the input's range, and, when ``keep_float``, the
-    outputs of global pools instead: the ops reading one value per channel gain nothing from
-    int8 and are better left float.
+    vars global pools take their scale from instead (their outputs, or a reshape of them):
+    the ops reading one value per channel gain nothing from int8 and are better left float.
     """
     read = {a.name for t in targets for a in t.activations}
     pools = clipping_avg_pools(graph, read)
-    float_inputs = {p.output for p in pools if p.is_global and keep_float}
-    extra = [Target(p.op, None, graph.activation_operands(p.op)) for p in pools if p.output not in float_inputs]
-    return extra, float_inputs
+    kept_float = [p for p in pools if p.is_global and keep_float]
+    extra = [Target(p.op, None, graph.activation_operands(p.op)) for p in pools if p not in kept_float]
+    return extra, {p.scale_from for p in kept_float}
 
 
 def calibrate(

@@ -24,7 +24,13 @@ from qcore.constants import (
 from qcore.graph import Graph, open_graph
 from qcore.graph.rewrite import quantize_op
 from qcore.model_io import ModelFiles, load_model
-from qcore.onednn import deployed_thresholds, int8_problem
+from qcore.onednn import (
+    deployed_thresholds,
+    float_residual_convs,
+    int8_problem,
+    share_int8_outputs,
+    unsigned_activations,
+)
 from qcore.thresholds import ALIASES, thresholds_all_algos
 
 from .bias_correction import correct_bias, input_means
@@ -119,7 +125,7 @@ class PostTrainingQuantization:
             graph.fold_conv_bn()
         targets = find_targets(graph, self.op_types, self.skip_patterns)
         if self.residual_add and "elementwise_add" not in self.op_types:
-            targets += residual_adds(graph, self.skip_patterns)
+            targets += residual_adds(graph, targets, self.skip_patterns)
         pool_targets, self.float_inputs = avg_pool_fixes(graph, targets, keep_float=self.onednn_fallback)
         targets += pool_targets
         means = input_means(targets) if self.bias_correction else {}
@@ -141,19 +147,28 @@ class PostTrainingQuantization:
         layers = []
         chosen = {name: algos[self.algo] for name, algos in candidates.items()}
         deployed = deployed_thresholds(graph, chosen)  # oneDNN shares scales along some chains
+        unsigned = unsigned_activations(graph) if self.onednn_fallback else set()
+        float_ops: set[int] = set()
+        float_convs = float_residual_convs(graph, [a.name for t in targets for a in t.activations])
         for target in targets:
             entry: dict[str, Any] = {"op": target.op.seed_type, "scope": target.op.scope_name, "inputs": {}}
             reason = None
             if self.onednn_fallback:
-                reason = int8_problem(graph, target.op, self.weight_bits, self.per_channel, self.float_inputs)
+                reason = int8_problem(graph, target.op, self.weight_bits, self.per_channel, self.float_inputs,
+                                      float_convs)
+            if reason is None and target.fused_into is not None and id(target.fused_into.raw) in float_ops:
+                reason = "Paddle Inference computes this add inside a conv that stays float"
             if reason is not None:
+                float_ops.add(id(target.op.raw))
                 entry["left_float"] = reason
                 log.warning("%r left in float: %s", target.op, reason)
                 layers.append(entry)
                 continue
-            thresholds = [deployed[a.name] for a in target.activations]
+            thresholds: Any = [deployed[a.name] for a in target.activations]  # by position: PIR names shift
+            if target.fused_into is not None:  # only the residual input (legacy, where names are stable)
+                thresholds = {a.name: deployed[a.name] for a in target.activations}
             done = quantize_op(graph, target.op, thresholds, weight_bits=self.weight_bits,
-                               activation_bits=self.activation_bits, per_channel=self.per_channel)
+                               activation_bits=self.activation_bits, per_channel=self.per_channel, unsigned=unsigned)
             if done.weight is not None and target.weight is not None:
                 entry["weight"] = {"name": target.weight.name, "thresholds": done.weight.thresholds.round(6).tolist()}
                 if target.activations and target.activations[0].name in calibration.channel_means:
@@ -164,6 +179,8 @@ class PostTrainingQuantization:
                 every_algo = candidates[operand.name]
                 rounded = {k: round(v, 6) for k, v in every_algo.items()}
                 info = {"threshold": deployed[operand.name], "all_algos": rounded}
+                if operand.name in unsigned:
+                    info["unsigned"] = True  # oneDNN runs it as u8; the simulation does too
                 if deployed[operand.name] != chosen[operand.name]:
                     info["own_threshold"] = chosen[operand.name]  # oneDNN runs it with another tensor's scale
                 if info["threshold"] <= 0:
@@ -171,6 +188,10 @@ class PostTrainingQuantization:
                     log.warning("activation %s was all zeros during calibration; left in float", operand.name)
                 entry["inputs"][operand.name] = info
             layers.append(entry)
+        if self.onednn_fallback:  # what an int8 conv writes, all its readers see rounded
+            quantized = [t.op for t in targets if id(t.op.raw) not in float_ops]
+            written = [n for e in layers for n, i in e["inputs"].items() if i["threshold"] > 0]
+            share_int8_outputs(graph, quantized, written)
         return {"algo": self.algo, "batches": calibration.batches, "samples": calibration.samples, "layers": layers}
 
     def _checkpoint(self, calibration: Calibration) -> None:

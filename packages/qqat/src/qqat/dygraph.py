@@ -25,7 +25,13 @@ from qcore.config import QuantConfig
 from qcore.errors import ConfigError, QuantError
 from qcore.graph import Graph, OpRef, open_graph, quantize_op
 from qcore.model_io import ModelFiles, load_model
-from qcore.onednn import clipping_avg_pools, int8_problem
+from qcore.onednn import (
+    clipping_avg_pools,
+    float_residual_convs,
+    int8_problem,
+    share_int8_outputs,
+    unsigned_activations,
+)
 from qcore.paddle_env import FAMILIES
 
 from .config import dygraph_config
@@ -109,22 +115,38 @@ class QAT:
             targets = _match_ops(graph, wrapped)
             if fold:
                 graph.fold_conv_bn()
-            self.left_float = {}
-            read = {a.name for _, op in targets for a in graph.activation_operands(op)}
-            pool_outputs = {pool.output for pool in clipping_avg_pools(graph, read)}
-            for layer, op in targets:
-                reason = int8_problem(graph, op, self.config.weight_bits, layer.per_channel, pool_outputs)
-                if reason is not None:  # legacy only: Paddle Inference would run it wrongly in int8
-                    self.left_float[layer.layer.weight.name] = reason
-                    log.warning("%s left in float in the export: %s", layer.layer.weight.name, reason)
-                    continue
-                quantize_op(
-                    graph, op, layer.activation_threshold(),
-                    weight_bits=self.config.weight_bits, activation_bits=self.config.activation_bits,
-                    per_channel=layer.per_channel, weight_thresholds=None if fold else layer.weight_thresholds(),
-                )  # fmt: skip
+            self.left_float = self._quantize_ops(graph, targets, fold)
             suffix = ".json" if family == "pir" else ".pdmodel"
             return graph.save(prefix.parent, prefix.name + suffix, prefix.name + ".pdiparams")
+
+    def _quantize_ops(self, graph: Graph, targets: list[tuple[QuantedLayer, OpRef]], fold: bool) -> dict[str, str]:
+        """Rewrite each matched op with its layer's learned scales; returns the weights left float, with why.
+
+        Legacy graphs are made to simulate what Paddle Inference's oneDNN int8 path runs (unsigned
+        relu outputs, int8 outputs every reader sees) and keep float what it would run wrongly.
+        """
+        read = [a.name for _, op in targets for a in graph.activation_operands(op)]
+        pool_outputs = {pool.scale_from for pool in clipping_avg_pools(graph, read)}
+        float_convs = float_residual_convs(graph, read)
+        unsigned = unsigned_activations(graph)
+        left_float: dict[str, str] = {}
+        quantized, written = [], []
+        for layer, op in targets:
+            reason = int8_problem(graph, op, self.config.weight_bits, layer.per_channel, pool_outputs, float_convs)
+            if reason is not None:  # legacy only: Paddle Inference would run it wrongly in int8
+                left_float[layer.layer.weight.name] = reason
+                log.warning("%s left in float in the export: %s", layer.layer.weight.name, reason)
+                continue
+            done = quantize_op(
+                graph, op, layer.activation_threshold(),
+                weight_bits=self.config.weight_bits, activation_bits=self.config.activation_bits,
+                per_channel=layer.per_channel, weight_thresholds=None if fold else layer.weight_thresholds(),
+                unsigned=unsigned,
+            )  # fmt: skip
+            quantized.append(op)
+            written += done.activations
+        share_int8_outputs(graph, quantized, written)
+        return left_float
 
 
 @contextlib.contextmanager

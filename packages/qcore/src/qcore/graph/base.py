@@ -190,11 +190,14 @@ class Graph(ABC):
         """Names of every parameter the program reads (what a save writes)."""
 
     # ---- rewriting --------------------------------------------------------------------
-    def insert_act_qdq(self, operand: Operand, threshold: float, bits: int = 8) -> None:
+    def insert_act_qdq(self, operand: Operand, threshold: float, bits: int = 8, unsigned: bool = False) -> None:
         """Make ``operand``'s op read a quantize->dequantize copy of the activation.
 
         ``threshold`` is the clipping value (scale = threshold / (2**(bits-1)-1)). A tensor
-        read by several ops gets one QDQ pair that all of them share.
+        read by several ops gets one QDQ pair that all of them share. ``unsigned`` (legacy
+        only, for tensors that are never negative) simulates the unsigned codes ``0..2**bits-1``
+        oneDNN runs such tensors with (:func:`qcore.onednn.unsigned_activations`); the stored
+        ``bit_length`` and scale stay those of the signed form, which is what deploys.
         """
         if not np.isfinite(threshold) or threshold <= 0:
             raise GraphError(
@@ -205,9 +208,22 @@ class Graph(ABC):
         with self._editing():
             key = self._key(operand.value)  # PIR value names shift as ops are inserted; ids do not
             if key not in self._act_qdq:
-                self._act_qdq[key] = self._build_act_qdq(operand, float(threshold), bits)
+                self._act_qdq[key] = self._build_act_qdq(operand, float(threshold), bits, unsigned)
                 self._made.add(self._key(self._act_qdq[key]))
             self._set_operand(operand, self._act_qdq[key])
+
+    def read_qdq_everywhere(self, name: str) -> None:
+        """Make every op reading activation ``name`` (model outputs aside) read its QDQ copy.
+
+        Paddle Inference does this when an int8 op writes ``name`` (:func:`qcore.onednn.int8_written`):
+        its float readers get the dequantized int8 values too. Legacy programs only.
+        """
+        if self.family != "legacy" or name not in self._act_qdq:
+            raise GraphError(f"activation {name!r} has no QDQ copy in this legacy program; quantize a reader first")
+        self._route_readers(name, self._act_qdq[name])
+
+    def _route_readers(self, name: str, copy: Any) -> None:
+        raise NotImplementedError
 
     def quantize_weight(
         self,
@@ -329,7 +345,7 @@ class Graph(ABC):
     def _replace_bn(self, conv: OpRef, bias: Operand | None, bn: OpRef, folded_bias: np.ndarray) -> None: ...
 
     @abstractmethod
-    def _build_act_qdq(self, operand: Operand, threshold: float, bits: int) -> Any: ...
+    def _build_act_qdq(self, operand: Operand, threshold: float, bits: int, unsigned: bool) -> Any: ...
 
     @abstractmethod
     def _build_weight_dq(self, operand: Operand, weight: QuantizedWeight) -> Any: ...

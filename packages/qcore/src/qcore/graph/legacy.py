@@ -111,7 +111,12 @@ class LegacyGraph(Graph):
         )
 
     # ---- rewrites -------------------------------------------------------------------
-    def _build_act_qdq(self, operand: Operand, threshold: float, bits: int) -> str:
+    def _route_readers(self, name: str, copy: str) -> None:
+        for raw in self.block.ops:
+            if raw.type not in ("quantize_linear", "fetch") and name in raw.input_arg_names:
+                raw._rename_input(name, copy)
+
+    def _build_act_qdq(self, operand: Operand, threshold: float, bits: int, unsigned: bool) -> str:
         name = operand.name
         scale = self._add_param(self._new_param_name(f"{name}@scale"), np.array([threshold], np.float32))
         zero = self._add_param(self._new_param_name(f"{name}@zero_point"), np.zeros([1], np.int32))
@@ -119,6 +124,8 @@ class LegacyGraph(Graph):
         dequantized = self._tmp_var(f"{name}.dequantized", name)
         at = self._index(operand.op.raw)
         attrs = self._qdq_attrs(bits, -1)
+        if unsigned:  # the executor's kernel takes its levels from qmax; Paddle Inference reads bit_length
+            attrs.update(qmin=0, qmax=2**bits - 1)
         self._insert(at, "quantize_linear", name, scale, zero, quantized, attrs)
         self._insert(at + 1, "dequantize_linear", quantized, scale, zero, dequantized, attrs)
         return dequantized

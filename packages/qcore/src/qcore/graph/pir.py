@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import paddle
 
+from ..errors import GraphError
 from ..model_io import Model
 from ..quant import scale_from_threshold
 from .base import Graph, Operand, OpRef, QuantizedWeight
@@ -149,7 +150,9 @@ class PirGraph(Graph):
             self.block.remove_op(op)
 
     # ---- rewrites -------------------------------------------------------------------
-    def _build_act_qdq(self, operand: Operand, threshold: float, bits: int) -> Any:
+    def _build_act_qdq(self, operand: Operand, threshold: float, bits: int, unsigned: bool) -> Any:
+        if unsigned:
+            raise GraphError("unsigned activation QDQ is a legacy-program feature (oneDNN int8); PIR QDQ is signed")
         scale, accum, state = (
             self._add_param(self._new_param_name(f"{operand.name}@{kind}"), np.array([v], np.float32), operand.op)
             for kind, v in (("scale", threshold), ("accum", 1.0), ("state", 1.0))

@@ -8,7 +8,7 @@ on each activation input. :func:`quantize_op` is that step, on any :class:`Graph
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,15 +34,18 @@ def quantize_op(
     activation_bits: int = 8,
     per_channel: bool = True,
     weight_thresholds: np.ndarray | float | None = None,
+    unsigned: Collection[str] = (),
 ) -> OpQuantization:
     """Quantize ``op``'s weight (if it has one) and insert QDQ on its activation inputs.
 
-    ``act_thresholds`` maps activation operand names to thresholds, lists them in the order of
+    ``act_thresholds`` maps activation operand names to thresholds (operands it leaves out stay
+    float), lists them in the order of
     :meth:`Graph.activation_operands` (names of PIR values can change as other ops are
     rewritten; positions do not), or is one threshold for every activation input of the op.
     An activation whose threshold is not positive (it was
     all zeros) stays float and is listed in ``left_float``. ``weight_thresholds`` defaults to
-    the weight's abs max, per output channel when ``per_channel``.
+    the weight's abs max, per output channel when ``per_channel``. Activations named in
+    ``unsigned`` get the unsigned QDQ of :meth:`Graph.insert_act_qdq`.
     """
     result = OpQuantization()
     activations = graph.activation_operands(op)
@@ -52,13 +55,13 @@ def quantize_op(
         result.weight = graph.quantize_weight(weight, weight_bits, axis, weight_thresholds)
     for index, operand in enumerate(activations):
         if isinstance(act_thresholds, Mapping):
-            threshold = float(act_thresholds[operand.name])
+            threshold = float(act_thresholds.get(operand.name, 0.0))
         elif isinstance(act_thresholds, Sequence):
             threshold = float(act_thresholds[index])
         else:
             threshold = float(act_thresholds)
         if threshold > 0:
-            graph.insert_act_qdq(operand, threshold, activation_bits)
+            graph.insert_act_qdq(operand, threshold, activation_bits, unsigned=operand.name in unsigned)
             result.activations[operand.name] = threshold
         else:
             result.left_float.append(operand.name)
