@@ -64,6 +64,12 @@ def _relative(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
+def _deployed_error(out, x: np.ndarray) -> float:
+    """Largest difference between what Paddle Inference and the executor compute, relative to the output range."""
+    files = find_model_files(out)
+    return _relative(predict(files, {"x": x})[0], load_model(files.directory).run({"x": x})[0])
+
+
 def test_emulation_reproduces_what_onednn_runs(two_fc, tmp_path):
     directory, net, x = two_fc
     fc1 = paddle.nn.Linear(K, N)
@@ -131,15 +137,11 @@ def test_global_avg_pools_never_let_the_int8_pool_clip(tmp_path, monkeypatch):
     _save_legacy(SqueezeExcite(), tmp_path / "float", [None, 3, 16, 16])
     x = (np.random.default_rng(3).standard_normal((32, 3, 16, 16)) * 3).astype("float32")
 
-    def deployed_error(out) -> float:
-        files = find_model_files(out)
-        return _relative(predict(files, {"x": x})[0], load_model(files.directory).run({"x": x})[0])
-
     # default: the squeeze conv reading the global pool stays float
     report = _quantize(tmp_path / "float", tmp_path / "float_squeeze", x)
     assert [("average pool" in layer.get("left_float", "")) for layer in report["layers"]] == [
         False, True, False, False]
-    assert deployed_error(tmp_path / "float_squeeze") < 0.02
+    assert _deployed_error(tmp_path / "float_squeeze", x) < 0.02
 
     # every layer int8: the pool input gets its own scale, which oneDNN then gives the pool and
     # the squeeze conv's input too; the report and the simulation use it as well
@@ -147,11 +149,11 @@ def test_global_avg_pools_never_let_the_int8_pool_clip(tmp_path, monkeypatch):
     (pool_info,) = next(layer for layer in report["layers"] if layer["op"] == "pool2d")["inputs"].values()
     squeeze = next(info for layer in report["layers"] for info in layer["inputs"].values() if "own_threshold" in info)
     assert squeeze["threshold"] == pool_info["threshold"] > 2 * squeeze["own_threshold"]
-    assert deployed_error(tmp_path / "all_int8") < 0.02
+    assert _deployed_error(tmp_path / "all_int8", x) < 0.02
 
     monkeypatch.setattr("qptq.static.avg_pool_fixes", lambda graph, targets, keep_float: ([], set()))
     _quantize(tmp_path / "float", tmp_path / "clipped", x, onednn_fallback=False)
-    assert deployed_error(tmp_path / "clipped") > 0.08  # the int8 pool clipped its input (measured 0.13 vs 0.007)
+    assert _deployed_error(tmp_path / "clipped", x) > 0.08  # the int8 pool clipped its input (measured 0.13 vs 0.007)
 
 
 class ReluChain(paddle.nn.Layer):
@@ -171,18 +173,14 @@ def test_unsigned_activations_are_simulated_as_onednn_runs_them(tmp_path, monkey
     _save_legacy(ReluChain(), tmp_path / "float", [None, 3, 16, 16])
     x = np.random.default_rng(4).standard_normal((32, 3, 16, 16)).astype("float32")
 
-    def deployed_error(out) -> float:
-        files = find_model_files(out)
-        return _relative(predict(files, {"x": x})[0], load_model(files.directory).run({"x": x})[0])
-
     report = _quantize(tmp_path / "float", tmp_path / "u8", x)
     assert [[info.get("unsigned", False) for info in layer["inputs"].values()] for layer in report["layers"]] == [
         [False], [True], [False]]
-    assert deployed_error(tmp_path / "u8") < 1e-5  # measured 4e-7: the simulation is what oneDNN runs
+    assert _deployed_error(tmp_path / "u8", x) < 1e-5  # measured 4e-7: the simulation is what oneDNN runs
 
     monkeypatch.setattr("qptq.static.unsigned_activations", lambda graph: set())
     _quantize(tmp_path / "float", tmp_path / "s8", x)
-    assert deployed_error(tmp_path / "s8") > 1e-3  # signed simulation of the relu output (measured 0.015)
+    assert _deployed_error(tmp_path / "s8", x) > 1e-3  # signed simulation of the relu output (measured 0.015)
 
 
 def test_residual_joins_simulate_what_onednn_fuses_and_rounds(tmp_path, monkeypatch):
@@ -193,10 +191,6 @@ def test_residual_joins_simulate_what_onednn_fuses_and_rounds(tmp_path, monkeypa
     _save_legacy(TinyResNet(), tmp_path / "float", [None, 1, 8, 8])
     x = np.random.default_rng(5).standard_normal((32, 1, 8, 8)).astype("float32")
 
-    def deployed_error(out) -> float:
-        files = find_model_files(out)
-        return _relative(predict(files, {"x": x})[0], load_model(files.directory).run({"x": x})[0])
-
     report = _quantize(tmp_path / "float", tmp_path / "fused", x, optimize_model=True)
     by_weight = {layer["weight"]["name"]: layer for layer in report["layers"] if "weight" in layer}
     adds = [layer for layer in report["layers"] if layer["op"] == "elementwise_add"]
@@ -205,11 +199,11 @@ def test_residual_joins_simulate_what_onednn_fuses_and_rounds(tmp_path, monkeypa
     # projection block: its fused conv writes the model output (no scale), so oneDNN runs it float
     assert adds[1].get("left_float") and "conv2d_4.w_0" not in by_weight
     assert RESIDUAL_OUTPUT_REASON in [layer.get("left_float") for layer in report["layers"]]
-    assert deployed_error(tmp_path / "fused") < 2e-3  # measured 5.5e-4
+    assert _deployed_error(tmp_path / "fused", x) < 2e-3  # measured 5.5e-4
 
     # without modelling the fusions: no residual QDQ, every conv int8, float readers of int8 outputs unrounded
     monkeypatch.setattr("qptq.calibrate.residual_fusions", lambda graph: [])
     monkeypatch.setattr("qptq.static.float_residual_convs", lambda graph, names: [])
     monkeypatch.setattr("qptq.static.share_int8_outputs", lambda graph, ops, names: set())
     _quantize(tmp_path / "float", tmp_path / "naive", x, optimize_model=True)
-    assert deployed_error(tmp_path / "naive") > 4e-3  # measured 7.8e-3
+    assert _deployed_error(tmp_path / "naive", x) > 4e-3  # measured 7.8e-3
