@@ -69,6 +69,12 @@ def test_fold_conv_bn_keeps_outputs(tiny_model, tiny_input, tiny_reference):
     assert g.fold_conv_bn() == 1
     assert not [t for t in g.op_types() if "batch_norm" in t]
     np.testing.assert_allclose(g.run({"x": tiny_input})[0], tiny_reference, atol=1e-4)
+    if g.family == "legacy":  # the bias as oneDNN's conv_bias pass takes it: 1-D parameter, axis=1, no reshape2
+        conv = g.ops(["conv2d"])[0]
+        out = conv.raw.output("Output")
+        add = next(op.raw for op in g.ops() if op.type == "elementwise_add" and op.raw.input("X") == out)
+        assert add.attr("axis") == 1 and add.input("Y") == [g.bias_operand(conv).name]
+        assert g.get_param(add.input("Y")[0]).ndim == 1 and "reshape2" not in g.op_types()
 
 
 def test_weight_codes_and_scales_match_hand_computation(tiny_model, tiny_net):

@@ -304,7 +304,8 @@ class Graph(ABC):
     def fold_conv_bn(self) -> int:
         """Fold every inference batch_norm that directly follows a conv into the conv.
 
-        Returns how many were folded. The conv gets a new scaled filter and bias parameter.
+        Returns how many were folded. The conv gets a new scaled filter and bias parameter. Then
+        every conv bias gets the form the backend's inference passes fuse (:meth:`_fusable_conv_biases`).
         """
         folded = 0
         with self._editing():
@@ -315,7 +316,12 @@ class Graph(ABC):
                 conv, bias_operand = match
                 self._fold_one(conv, bias_operand, bn)
                 folded += 1
+            self._fusable_conv_biases()
         return folded
+
+    @abstractmethod
+    def _fusable_conv_biases(self) -> None:
+        """Rewrite conv bias adds into the form the backend's inference passes fuse."""
 
     def _fold_one(self, conv: OpRef, bias: Operand | None, bn: OpRef) -> None:
         gamma, beta, mean, var, eps = self._bn_params(bn)

@@ -220,6 +220,28 @@ class LegacyGraph(Graph):
         operand = self._operand_in_slot(OpRef(holder, holder.type, None, ""), slot)
         return operand if operand is not None and operand.is_param else None
 
+    def _fusable_conv_biases(self) -> None:
+        """Add each conv's 1-D bias with ``axis=1`` instead of Paddle 3's ``reshape2`` to [1, C, 1, 1] + ``axis=-1``.
+
+        ``conv_bias_onednn_fuse_pass`` rejects the latter, so the conv would run unfused (an fp32
+        output, a separate add) and no residual add could fuse into it. Same values.
+        """
+        for conv in [op for op in self.block.ops if op.type in CONV_TYPES]:
+            add = self._single_consumer(conv.output("Output")[0])
+            if add is None or add.type != "elementwise_add" or add.input("X") != conv.output("Output"):
+                continue
+            reshaped = add.input("Y")[0]
+            reshape = self._producer(reshaped)
+            if reshape is None or reshape.type != "reshape2" or self._single_consumer(reshaped) is not add:
+                continue
+            bias = self.block._find_var_recursive(reshape.input("X")[0])
+            if bias is None or not bias.persistable or len(bias.shape) != 1:
+                continue
+            add._rename_input(reshaped, bias.name)
+            add._set_attr("axis", 1)
+            if not any(set(reshape.output_arg_names) & set(op.input_arg_names) for op in self.block.ops):
+                self.block._remove_op(self._index(reshape))
+
     def _conv_before_bn(self, bn: OpRef) -> tuple[OpRef, Operand | None] | None:
         if bn.raw.has_attr("is_test") and not bn.raw.attr("is_test"):
             return None

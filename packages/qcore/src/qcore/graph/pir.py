@@ -150,6 +150,9 @@ class PirGraph(Graph):
             self.block.remove_op(op)
 
     # ---- rewrites -------------------------------------------------------------------
+    def _fusable_conv_biases(self) -> None:
+        """Nothing to do: PIR output runs float kernels, whose passes take Paddle 3's bias form."""
+
     def _build_act_qdq(self, operand: Operand, threshold: float, bits: int, unsigned: bool) -> Any:
         if unsigned:
             raise GraphError("unsigned activation QDQ is a legacy-program feature (oneDNN int8); PIR QDQ is signed")
