@@ -42,15 +42,26 @@ def export(name: str, work: Path) -> dict[str, Path]:
     return {"legacy": work / name / "legacy", "pir": work / name / "pir"}
 
 
-def latency_ms(files: ModelFiles, batch: int, repeats: int) -> float:
-    predictor = create_predictor(files)
+def interleaved_ms(models: dict[str, ModelFiles], batch: int, repeats: int) -> dict[str, float | str]:
+    """Median latency of each model, its runs interleaved with the others' so load drifts hit all alike."""
     x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype("float32")
-    for _ in range(2):
-        run_predictor(predictor, {"image": x})
-    start = time.perf_counter()
+    predictors, result = {}, {}
+    for label, files in models.items():
+        try:  # report what Paddle Inference does with each output
+            predictors[label] = create_predictor(files)
+            for _ in range(2):
+                run_predictor(predictors[label], {"image": x})
+        except Exception as exc:
+            predictors.pop(label, None)
+            result[label] = f"fails: {str(exc).splitlines()[0][:60]}"
+    times: dict[str, list[float]] = {label: [] for label in predictors}
     for _ in range(repeats):
-        run_predictor(predictor, {"image": x})
-    return (time.perf_counter() - start) / repeats * 1000
+        for label, predictor in predictors.items():
+            start = time.perf_counter()
+            run_predictor(predictor, {"image": x})
+            times[label].append(time.perf_counter() - start)
+    result.update({label: float(np.median(t)) * 1000 for label, t in times.items()})
+    return result
 
 
 def main() -> None:
@@ -76,13 +87,8 @@ def main() -> None:
             subprocess.run([args.paddleslim_python, str(SLIM_SCRIPT), str(work / "calib.npy"), str(dirs["legacy"]),
                             str(out), "abs_max", "8"], check=True, capture_output=True)
             models["PaddleSlim 2.6 int8"] = find_model_files(out)
-        timings = {}
-        for label, files in models.items():
-            for batch in (1, 8):
-                try:
-                    timings[label, batch] = latency_ms(files, batch, args.repeats)
-                except Exception as exc:  # report what Paddle Inference does with each output
-                    timings[label, batch] = f"fails: {str(exc).splitlines()[0][:60]}"
+        timings = {(label, batch): t for batch in (1, 8)
+                   for label, t in interleaved_ms(models, batch, args.repeats).items()}
         for label in models:
             cells = []
             for batch in (1, 8):
@@ -94,8 +100,9 @@ def main() -> None:
         "# Inference latency, float vs int8 (paddle.inference, CPU)",
         "",
         f"Paddle {paddle.__version__}, {platform.processor() or platform.machine()}, 2 threads, oneDNN + int8 "
-        f"switch, random weights, mean of {args.repeats} runs after 2 warm-ups; speed-up = float / model in the "
-        "same run. Re-run: `python benchmarks/ptq_latency.py [--paddleslim-python VENV/bin/python]`.",
+        f"switch, random weights, median of {args.repeats} runs after 2 warm-ups, the models' runs interleaved; "
+        "speed-up = float / model in the same run. Re-run: "
+        "`python benchmarks/ptq_latency.py [--paddleslim-python VENV/bin/python]`.",
         "",
         "| net | model | b=1 (ms) | b=1 speed-up | b=8 (ms) | b=8 speed-up |",
         "|---|---|---:|---:|---:|---:|",
