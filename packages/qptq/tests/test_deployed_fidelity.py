@@ -184,7 +184,7 @@ def test_unsigned_activations_are_simulated_as_onednn_runs_them(tmp_path, monkey
 
 
 def test_residual_joins_simulate_what_onednn_fuses_and_rounds(tmp_path, monkeypatch):
-    from qcore.onednn import RESIDUAL_OUTPUT_REASON
+    from qcore.onednn import RESIDUAL_CONV_REASON
     from qcore.testing import TinyResNet
 
     paddle.seed(0)
@@ -198,7 +198,7 @@ def test_residual_joins_simulate_what_onednn_fuses_and_rounds(tmp_path, monkeypa
     assert len(adds[0]["inputs"]) == 1
     # projection block: its fused conv writes the model output (no scale), so oneDNN runs it float
     assert adds[1].get("left_float") and "conv2d_4.w_0" not in by_weight
-    assert RESIDUAL_OUTPUT_REASON in [layer.get("left_float") for layer in report["layers"]]
+    assert RESIDUAL_CONV_REASON in [layer.get("left_float") for layer in report["layers"]]
     assert _deployed_error(tmp_path / "fused", x) < 2e-3  # measured 5.5e-4
 
     # without modelling the fusions: no residual QDQ, every conv int8, float readers of int8 outputs unrounded
@@ -207,3 +207,22 @@ def test_residual_joins_simulate_what_onednn_fuses_and_rounds(tmp_path, monkeypa
     monkeypatch.setattr("qptq.static.share_int8_outputs", lambda graph, ops, names: set())
     _quantize(tmp_path / "float", tmp_path / "naive", x, optimize_model=True)
     assert _deployed_error(tmp_path / "naive", x) > 4e-3  # measured 7.8e-3
+
+
+def test_a_projection_block_feeding_int8_layers_stays_float(tmp_path, monkeypatch):
+    from qcore.testing import TinyResNet
+
+    paddle.seed(0)
+    _save_legacy(paddle.nn.Sequential(TinyResNet(), paddle.nn.Conv2D(16, 4, 1)), tmp_path / "float", [None, 1, 8, 8])
+    x = np.random.default_rng(5).standard_normal((32, 1, 8, 8)).astype("float32")
+    report = _quantize(tmp_path / "float", tmp_path / "int8", x, optimize_model=True)
+    # the projection conv adds a signed residual (the shortcut) before a relu (unsigned output)
+    left = {layer["weight"]["name"] if "weight" in layer else layer["op"]: layer.get("left_float", "")
+            for layer in report["layers"]}
+    assert "residual and output of different sign" in next(r for r in left.values() if "residual" in r)
+    assert _deployed_error(tmp_path / "int8", x) < 0.01  # measured 6.5e-3 (2.6e-7 with other random weights)
+
+    monkeypatch.setattr("qptq.static.float_residual_convs", lambda graph, names: [])
+    _quantize(tmp_path / "float", tmp_path / "wrong", x, optimize_model=True)
+    assert _deployed_error(tmp_path / "wrong", x) > 0.1  # Paddle Inference misreads the residual (measured 0.47)
+
