@@ -146,8 +146,6 @@ def deployed_thresholds(graph: Graph, thresholds: Mapping[str, float]) -> dict[s
     return scales
 
 
-
-
 class _Dataflow:
     """Who makes and who reads each var of a legacy graph, and what oneDNN's fuse passes fold into a conv."""
 
@@ -172,6 +170,10 @@ class _Dataflow:
                 return None
             var = op.raw.input("X")[0]
         return None
+
+    def adds_param(self, op: OpRef) -> bool:
+        """``op`` is an ``elementwise_add`` of a parameter (a bias) to an activation."""
+        return op.type == "elementwise_add" and not self.params.isdisjoint(op.raw.input("Y"))
 
     def reaches(self, source: str, target: str) -> bool:
         seen, todo = set(), [source]
@@ -215,7 +217,7 @@ def int8_written(graph: Graph, quantized: Iterable[OpRef], activations: Iterable
             op = flow.producer.get(var) if len(flow.readers.get(var, [])) == 1 else None
         if op is not None and id(op.raw) in residual_convs:
             op = residual_convs[id(op.raw)]
-        elif op is not None and op.type == "elementwise_add" and flow.params.intersection(op.raw.input("Y")):
+        elif op is not None and flow.adds_param(op):
             fc = flow.producer.get(op.raw.input("X")[0])
             op = fc if fc is not None and fc.type in _FC_OPS else flow.conv_behind(var, read_once=True)
         elif op is not None and op.type not in _FUSING_CONVS | _FC_OPS:
@@ -248,13 +250,12 @@ def unsigned_activations(graph: Graph) -> set[str]:
         source = flow.producer.get(x)
         if source is not None and source.type == "batch_norm" and flow.conv_behind(x) is None:
             continue  # relu fused into the batch norm
-        if source is not None and source.type == "elementwise_add" and flow.params.intersection(source.raw.input("Y")):
+        if source is not None and flow.adds_param(source):
             source = flow.producer.get(source.raw.input("X")[0])
         if source is not None and source.type == "conv2d_transpose":
             continue
         found.add(op.raw.output("Out")[0])
     return found
-
 
 
 def share_int8_outputs(graph: Graph, quantized: Iterable[OpRef], activations: Iterable[str]) -> set[str]:
@@ -263,6 +264,7 @@ def share_int8_outputs(graph: Graph, quantized: Iterable[OpRef], activations: It
     for name in sorted(names):
         graph.read_qdq_everywhere(name)
     return names
+
 
 @dataclass(frozen=True)
 class ResidualFusion:

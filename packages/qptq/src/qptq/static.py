@@ -21,7 +21,7 @@ from qcore.constants import (
     TRANSFORM_PASS_OP_TYPES,
     WEIGHT_QUANTIZE_TYPES,
 )
-from qcore.graph import Graph, open_graph
+from qcore.graph import Graph, OpRef, open_graph
 from qcore.graph.rewrite import quantize_op
 from qcore.model_io import ModelFiles, load_model
 from qcore.onednn import (
@@ -147,9 +147,12 @@ class PostTrainingQuantization:
         layers = []
         chosen = {name: algos[self.algo] for name, algos in candidates.items()}
         deployed = deployed_thresholds(graph, chosen)  # oneDNN shares scales along some chains
-        unsigned = unsigned_activations(graph) if self.onednn_fallback else set()
+        unsigned: set[str] = set()
+        float_convs: list[OpRef] = []
+        if self.onednn_fallback:
+            unsigned = unsigned_activations(graph)
+            float_convs = float_residual_convs(graph, [a.name for t in targets for a in t.activations])
         float_ops: set[int] = set()
-        float_convs = float_residual_convs(graph, [a.name for t in targets for a in t.activations])
         for target in targets:
             entry: dict[str, Any] = {"op": target.op.seed_type, "scope": target.op.scope_name, "inputs": {}}
             reason = None

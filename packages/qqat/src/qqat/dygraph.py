@@ -95,9 +95,9 @@ class QAT:
         batch_norm pairs are folded when every weight is quantized per channel (``fold_bn=None``;
         folding is then exact); the file is written atomically. The model is not changed.
         In the legacy family, a layer whose int8 weight Paddle Inference's oneDNN path would run
-        wrongly (see :func:`qcore.onednn.int8_weight_problem`), or that reads an average pool
-        Paddle Inference's int8 kernel would clip (:func:`qcore.onednn.clipping_avg_pools`), stays
-        float; ``self.left_float`` lists them with the reason.
+        wrongly (see :func:`qcore.onednn.int8_problem`: its weight, an average pool it reads that the
+        int8 kernel would clip, a residual add fused into it) stays float; ``self.left_float`` lists
+        them with the reason.
         """
         if family not in FAMILIES:
             raise ConfigError(f"family={family!r} is not valid; valid choices: 'pir', 'legacy'")

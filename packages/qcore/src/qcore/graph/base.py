@@ -218,12 +218,13 @@ class Graph(ABC):
         Paddle Inference does this when an int8 op writes ``name`` (:func:`qcore.onednn.int8_written`):
         its float readers get the dequantized int8 values too. Legacy programs only.
         """
-        if self.family != "legacy" or name not in self._act_qdq:
-            raise GraphError(f"activation {name!r} has no QDQ copy in this legacy program; quantize a reader first")
+        if name not in self._act_qdq:
+            raise GraphError(f"activation {name!r} has no QDQ copy in this program; quantize a reader first")
         self._route_readers(name, self._act_qdq[name])
 
+    @abstractmethod
     def _route_readers(self, name: str, copy: Any) -> None:
-        raise NotImplementedError
+        """Rename ``name`` to ``copy`` in every op reading it, the QDQ itself and model outputs aside."""
 
     def quantize_weight(
         self,
