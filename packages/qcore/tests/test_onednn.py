@@ -186,3 +186,57 @@ def test_residual_fusions_name_the_conv_onednn_computes_each_add_in(tmp_path):
     # projection block: the main branch's second conv is fused, the shortcut conv's output is the residual
     assert projection.conv == pr1 and projection.residual == normed(short)
     assert residual_fusions(open_graph(load_model(tmp_path / "pir"))) == []
+
+
+class _IdentityBlock(paddle.nn.Layer):
+    """relu(x + conv-bn(relu(conv-bn(x)))): reads the block before it as its residual."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.units = paddle.nn.LayerList([
+            paddle.nn.Sequential(paddle.nn.Conv2D(channels, channels, 3, padding=1, bias_attr=False),
+                                 paddle.nn.BatchNorm2D(channels))
+            for _ in range(2)
+        ])
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return paddle.nn.functional.relu(x + self.units[1](paddle.nn.functional.relu(self.units[0](x))))
+
+
+def test_residual_signs_are_aligned_down_the_chain_without_changing_values(tmp_path):
+    from qcore.onednn import align_residual_signs, float_residual_convs, residual_fusions, unsigned_activations
+    from qcore.testing import TinyResNet, save_tiny_net
+
+    paddle.seed(0)
+    save_tiny_net(paddle.nn.Sequential(TinyResNet(), _IdentityBlock(16)), tmp_path / "legacy", "legacy_pdmodel")
+    save_tiny_net(TinyResNet(), tmp_path / "pir", "pir")
+    graph = open_graph(load_model(tmp_path / "legacy"))
+    x = np.random.default_rng(0).standard_normal((2, 1, 8, 8)).astype("float32")
+    before = graph.run({"x": x})[0]
+    identity, projection, after_projection = residual_fusions(graph)
+    every_input = [a.name for op in graph.ops(["conv2d"]) for a in graph.activation_operands(op)]
+    every_input += [f.residual for f in (identity, projection, after_projection)]
+    unscaled_output = after_projection.conv.raw  # writes the model's output: no scale for it
+    assert [c.raw for c in float_residual_convs(graph, every_input)] == [projection.conv.raw, unscaled_output]
+
+    rewritten = align_residual_signs(graph)
+    # the projection block's relu (signed shortcut), then the next block's (its residual is now signed)
+    assert rewritten == [projection.output, after_projection.output]
+    assert graph.op_types().count("leaky_relu") == 2 and graph.op_types().count("relu") == 5
+    assert all(op.raw.attr("alpha") == 0.0 for op in graph.ops() if op.type == "leaky_relu")
+    unsigned = unsigned_activations(graph)
+    assert identity.output in unsigned and identity.residual in unsigned  # u8 on both sides: left alone
+    assert [c.raw for c in float_residual_convs(graph, every_input)] == [unscaled_output]
+    np.testing.assert_array_equal(graph.run({"x": x})[0], before)
+    assert align_residual_signs(graph) == []  # nothing left to do
+    assert align_residual_signs(open_graph(load_model(tmp_path / "pir"))) == []
+
+
+def test_only_relus_are_written_as_leaky(tmp_path):
+    from qcore.errors import GraphError
+    from qcore.testing import TinyResNet, save_tiny_net
+
+    save_tiny_net(TinyResNet(), tmp_path / "legacy", "legacy_pdmodel")
+    graph = open_graph(load_model(tmp_path / "legacy"))
+    with pytest.raises(GraphError, match="not a relu"):
+        graph.write_relu_as_leaky(graph.ops(["conv2d"])[0])

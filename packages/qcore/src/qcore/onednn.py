@@ -364,6 +364,38 @@ def clipping_avg_pools(graph: Graph, quantized: Iterable[str]) -> list[ClippingP
     return found
 
 
+def align_residual_signs(graph: Graph) -> list[str]:
+    """Write relus as ``leaky_relu(alpha=0)`` until each :func:`residual_fusions` conv reads a residual of its sign.
+
+    Paddle 3.3.1's fused int8 conv misreads a residual whose sign differs from its output's
+    (:func:`float_residual_convs`): every ResNet projection block adds a signed shortcut before
+    a relu. oneDNN marks only ``relu`` outputs unsigned (:func:`unsigned_activations`); a
+    ``leaky_relu`` with ``alpha=0`` computes the same values and fuses the same way, but is
+    written signed. Rewriting the unsigned side of each mismatch can mismatch the next block
+    (whose residual it is), so this repeats until none is left. The tensors rewritten then run
+    signed, with half the resolution of u8, where the alternative was a float conv (measured on
+    ResNet18 at batch 8: 2 of 29 layers float instead of 10, 3.96x float's speed instead of
+    2.15x, output 2.0 % off float instead of 1.7 %). Returns the rewritten relus' outputs;
+    empty for PIR graphs.
+    """
+    if graph.family != "legacy":
+        return []
+    rewritten: list[str] = []
+    while True:
+        unsigned = unsigned_activations(graph)
+        flow = _Dataflow(graph)
+        relus = {}  # the unsigned side of every mismatch; unsigned vars are relu outputs
+        for fusion in residual_fusions(graph):
+            if (fusion.output in unsigned) != (fusion.residual in unsigned):
+                name = fusion.output if fusion.output in unsigned else fusion.residual
+                relus[name] = flow.producer[name]
+        if not relus:
+            return rewritten
+        for name, relu in sorted(relus.items()):
+            graph.write_relu_as_leaky(relu)
+            rewritten.append(name)
+
+
 #: Why a conv fused with a residual add (:func:`float_residual_convs`) is left float.
 RESIDUAL_CONV_REASON = (
     "Paddle Inference computes a residual add inside this conv and would run it in float (no scale for its "
@@ -379,7 +411,7 @@ def float_residual_convs(graph: Graph, quantized_inputs: Iterable[str]) -> list[
     deploys in float). And those whose residual and output differ in sign (:func:`unsigned_activations`),
     typically a projection shortcut (signed) added before a relu (unsigned): Paddle 3.3.1's int8
     kernel then misreads the residual (measured on a small ResNet: 10 % output error against
-    float, 0.3 % simulated).
+    float, 0.3 % simulated). :func:`align_residual_signs` removes the second kind.
     """
     scaled = deployed_thresholds(graph, dict.fromkeys(quantized_inputs, 1.0))  # with the scales oneDNN propagates
     unsigned = unsigned_activations(graph)

@@ -25,6 +25,7 @@ from qcore.graph import Graph, OpRef, open_graph
 from qcore.graph.rewrite import quantize_op
 from qcore.model_io import ModelFiles, load_model
 from qcore.onednn import (
+    align_residual_signs,
     deployed_thresholds,
     float_residual_convs,
     int8_problem,
@@ -149,7 +150,9 @@ class PostTrainingQuantization:
         deployed = deployed_thresholds(graph, chosen)  # oneDNN shares scales along some chains
         unsigned: set[str] = set()
         float_convs: list[OpRef] = []
+        signed_relus: list[str] = []
         if self.onednn_fallback:
+            signed_relus = align_residual_signs(graph)
             unsigned = unsigned_activations(graph)
             float_convs = float_residual_convs(graph, [a.name for t in targets for a in t.activations])
         float_ops: set[int] = set()
@@ -195,7 +198,8 @@ class PostTrainingQuantization:
             quantized = [t.op for t in targets if id(t.op.raw) not in float_ops]
             written = [n for e in layers for n, i in e["inputs"].items() if i["threshold"] > 0]
             share_int8_outputs(graph, quantized, written)
-        return {"algo": self.algo, "batches": calibration.batches, "samples": calibration.samples, "layers": layers}
+        return {"algo": self.algo, "batches": calibration.batches, "samples": calibration.samples, "layers": layers,
+                "relus_written_as_leaky": signed_relus}
 
     def _checkpoint(self, calibration: Calibration) -> None:
         assert self.cache_file is not None

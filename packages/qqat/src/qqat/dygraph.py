@@ -26,6 +26,7 @@ from qcore.errors import ConfigError, QuantError
 from qcore.graph import Graph, OpRef, open_graph, quantize_op
 from qcore.model_io import ModelFiles, load_model
 from qcore.onednn import (
+    align_residual_signs,
     clipping_avg_pools,
     float_residual_convs,
     int8_problem,
@@ -123,8 +124,10 @@ class QAT:
         """Rewrite each matched op with its layer's learned scales; returns the weights left float, with why.
 
         Legacy graphs are made to simulate what Paddle Inference's oneDNN int8 path runs (unsigned
-        relu outputs, int8 outputs every reader sees) and keep float what it would run wrongly.
+        relu outputs, int8 outputs every reader sees), get relus written as ``leaky_relu(alpha=0)``
+        where a residual conv needs a signed output, and keep float what it would run wrongly.
         """
+        align_residual_signs(graph)
         read = [a.name for _, op in targets for a in graph.activation_operands(op)]
         pool_outputs = {pool.scale_from for pool in clipping_avg_pools(graph, read)}
         float_convs = float_residual_convs(graph, read)

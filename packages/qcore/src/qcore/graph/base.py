@@ -226,6 +226,19 @@ class Graph(ABC):
     def _route_readers(self, name: str, copy: Any) -> None:
         """Rename ``name`` to ``copy`` in every op reading it, the QDQ itself and model outputs aside."""
 
+    def write_relu_as_leaky(self, op: OpRef) -> None:
+        """Make ``relu`` op ``op`` a ``leaky_relu`` with ``alpha=0``: the same values, written signed by oneDNN.
+
+        See :func:`qcore.onednn.align_residual_signs`. Legacy programs only.
+        """
+        if op.type != "relu":
+            raise GraphError(f"{op!r} is not a relu; only relu ops can be written as leaky_relu(alpha=0)")
+        self._write_leaky_relu(op.raw)
+
+    @abstractmethod
+    def _write_leaky_relu(self, raw: Any) -> None:
+        """Retype relu ``raw`` in place as ``leaky_relu(alpha=0)``."""
+
     def quantize_weight(
         self,
         operand: Operand,

@@ -116,6 +116,10 @@ class LegacyGraph(Graph):
             if raw.type not in ("quantize_linear", "fetch") and name in raw.input_arg_names:
                 raw._rename_input(name, copy)
 
+    def _write_leaky_relu(self, raw: Any) -> None:
+        raw.desc.set_type("leaky_relu")
+        raw._set_attr("alpha", 0.0)
+
     def _build_act_qdq(self, operand: Operand, threshold: float, bits: int, unsigned: bool) -> str:
         name = operand.name
         scale = self._add_param(self._new_param_name(f"{name}@scale"), np.array([threshold], np.float32))
