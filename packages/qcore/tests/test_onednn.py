@@ -204,7 +204,14 @@ class _IdentityBlock(paddle.nn.Layer):
 
 
 def test_residual_signs_are_aligned_down_the_chain_without_changing_values(tmp_path):
-    from qcore.onednn import align_residual_signs, float_residual_convs, residual_fusions, unsigned_activations
+    from qcore.onednn import (
+        RESIDUAL_CONV_REASON,
+        Int8Deployment,
+        align_residual_signs,
+        float_residual_convs,
+        residual_fusions,
+        unsigned_activations,
+    )
     from qcore.testing import TinyResNet, save_tiny_net
 
     paddle.seed(0)
@@ -229,6 +236,13 @@ def test_residual_signs_are_aligned_down_the_chain_without_changing_values(tmp_p
     assert [c.raw for c in float_residual_convs(graph, every_input)] == [unscaled_output]
     np.testing.assert_array_equal(graph.run({"x": x})[0], before)
     assert align_residual_signs(graph) == []  # nothing left to do
+
+    fresh = open_graph(load_model(tmp_path / "legacy"))
+    _, projection, after_projection = residual_fusions(fresh)
+    rules = Int8Deployment(fresh, every_input)  # the same, bundled
+    assert rules.signed_relus == rewritten and rules.unsigned == unsigned
+    assert rules.problem(projection.conv, 8, True) is None
+    assert rules.problem(after_projection.conv, 8, True) == RESIDUAL_CONV_REASON
     assert align_residual_signs(open_graph(load_model(tmp_path / "pir"))) == []
 
 

@@ -178,7 +178,7 @@ def test_unsigned_activations_are_simulated_as_onednn_runs_them(tmp_path, monkey
         [False], [True], [False]]
     assert _deployed_error(tmp_path / "u8", x) < 1e-5  # measured 4e-7: the simulation is what oneDNN runs
 
-    monkeypatch.setattr("qptq.static.unsigned_activations", lambda graph: set())
+    monkeypatch.setattr("qcore.onednn.unsigned_activations", lambda graph: set())
     _quantize(tmp_path / "float", tmp_path / "s8", x)
     assert _deployed_error(tmp_path / "s8", x) > 1e-3  # signed simulation of the relu output (measured 0.015)
 
@@ -203,8 +203,8 @@ def test_residual_joins_simulate_what_onednn_fuses_and_rounds(tmp_path, monkeypa
 
     # without modelling the fusions: no residual QDQ, every conv int8, float readers of int8 outputs unrounded
     monkeypatch.setattr("qptq.calibrate.residual_fusions", lambda graph: [])
-    monkeypatch.setattr("qptq.static.float_residual_convs", lambda graph, names: [])
-    monkeypatch.setattr("qptq.static.share_int8_outputs", lambda graph, ops, names: set())
+    monkeypatch.setattr("qcore.onednn.float_residual_convs", lambda graph, names: [])
+    monkeypatch.setattr("qcore.onednn.share_int8_outputs", lambda graph, ops, names: set())
     _quantize(tmp_path / "float", tmp_path / "naive", x, optimize_model=True)
     assert _deployed_error(tmp_path / "naive", x) > 4e-3  # measured 7.8e-3
 
@@ -224,7 +224,7 @@ def test_a_projection_block_runs_int8_with_its_relu_written_signed(tmp_path, mon
     # measured 8.6e-3 at most, from a few elements one rounding step apart (mean 2e-5; 2.5e-2 from float)
     assert _deployed_error(tmp_path / "int8", x) < 0.01
 
-    monkeypatch.setattr("qptq.static.align_residual_signs", lambda graph: [])
-    monkeypatch.setattr("qptq.static.float_residual_convs", lambda graph, names: [])
+    monkeypatch.setattr("qcore.onednn.align_residual_signs", lambda graph: [])
+    monkeypatch.setattr("qcore.onednn.float_residual_convs", lambda graph, names: [])
     _quantize(tmp_path / "float", tmp_path / "wrong", x, optimize_model=True)
     assert _deployed_error(tmp_path / "wrong", x) > 0.1  # Paddle Inference misreads the residual (measured 0.47)

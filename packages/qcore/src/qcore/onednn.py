@@ -20,6 +20,12 @@ Fully connected weights (measured and traced to the passes; numbers in
   input axis instead of the output axis while turning the stored int8 weight back into float.
 
 Convolution weights (``[C_out, ...]``, runs = rows) are not affected.
+
+Activations: relu outputs run unsigned (:func:`unsigned_activations`); residual adds are computed
+inside a conv (:func:`residual_fusions`), which must see a residual of its output's sign
+(:func:`align_residual_signs`) and scales on both (:func:`float_residual_convs`); an int8 conv's
+output is rounded for every reader (:func:`share_int8_outputs`). :class:`Int8Deployment` bundles
+these rules for a quantizer.
 """
 
 from __future__ import annotations
@@ -441,3 +447,28 @@ def int8_problem(
     if reason is None and any(op.raw is conv.raw for conv in float_convs):
         reason = RESIDUAL_CONV_REASON
     return reason
+
+
+class Int8Deployment:
+    """The oneDNN int8 rules for one graph about to be quantized, worked out once.
+
+    Creating it writes relus signed where residual convs need it (:func:`align_residual_signs`).
+    It then knows which activations run unsigned, which residual convs run float given the
+    activations to be quantized (:func:`float_residual_convs`), and whose readers stay float
+    (``float_inputs``: what global average pools take their scale from). Empty rules for PIR.
+    """
+
+    def __init__(self, graph: Graph, quantized_inputs: Iterable[str], float_inputs: Iterable[str] = ()) -> None:
+        self.graph = graph
+        self.signed_relus = align_residual_signs(graph)
+        self.unsigned = unsigned_activations(graph)
+        self.float_convs = float_residual_convs(graph, quantized_inputs)
+        self.float_inputs = set(float_inputs)
+
+    def problem(self, op: OpRef, bits: int, per_channel: bool) -> str | None:
+        """Why ``op`` should stay float (:func:`int8_problem`), or None."""
+        return int8_problem(self.graph, op, bits, per_channel, self.float_inputs, self.float_convs)
+
+    def share_outputs(self, quantized: Iterable[OpRef], activations: Iterable[str]) -> set[str]:
+        """Once the QDQ ops are in: :func:`share_int8_outputs`."""
+        return share_int8_outputs(self.graph, quantized, activations)

@@ -21,17 +21,10 @@ from qcore.constants import (
     TRANSFORM_PASS_OP_TYPES,
     WEIGHT_QUANTIZE_TYPES,
 )
-from qcore.graph import Graph, OpRef, open_graph
+from qcore.graph import Graph, open_graph
 from qcore.graph.rewrite import quantize_op
 from qcore.model_io import ModelFiles, load_model
-from qcore.onednn import (
-    align_residual_signs,
-    deployed_thresholds,
-    float_residual_convs,
-    int8_problem,
-    share_int8_outputs,
-    unsigned_activations,
-)
+from qcore.onednn import Int8Deployment, deployed_thresholds
 from qcore.thresholds import ALIASES, thresholds_all_algos
 
 from .bias_correction import correct_bias, input_means
@@ -148,20 +141,14 @@ class PostTrainingQuantization:
         layers = []
         chosen = {name: algos[self.algo] for name, algos in candidates.items()}
         deployed = deployed_thresholds(graph, chosen)  # oneDNN shares scales along some chains
-        unsigned: set[str] = set()
-        float_convs: list[OpRef] = []
-        signed_relus: list[str] = []
+        rules = None
         if self.onednn_fallback:
-            signed_relus = align_residual_signs(graph)
-            unsigned = unsigned_activations(graph)
-            float_convs = float_residual_convs(graph, [a.name for t in targets for a in t.activations])
+            rules = Int8Deployment(graph, [a.name for t in targets for a in t.activations], self.float_inputs)
+        unsigned = rules.unsigned if rules else set()
         float_ops: set[int] = set()
         for target in targets:
             entry: dict[str, Any] = {"op": target.op.seed_type, "scope": target.op.scope_name, "inputs": {}}
-            reason = None
-            if self.onednn_fallback:
-                reason = int8_problem(graph, target.op, self.weight_bits, self.per_channel, self.float_inputs,
-                                      float_convs)
+            reason = rules.problem(target.op, self.weight_bits, self.per_channel) if rules else None
             if reason is None and target.fused_into is not None and id(target.fused_into.raw) in float_ops:
                 reason = "Paddle Inference computes this add inside a conv that stays float"
             if reason is not None:
@@ -194,12 +181,11 @@ class PostTrainingQuantization:
                     log.warning("activation %s was all zeros during calibration; left in float", operand.name)
                 entry["inputs"][operand.name] = info
             layers.append(entry)
-        if self.onednn_fallback:  # what an int8 conv writes, all its readers see rounded
+        if rules:  # what an int8 conv writes, all its readers see rounded
             quantized = [t.op for t in targets if id(t.op.raw) not in float_ops]
-            written = [n for e in layers for n, i in e["inputs"].items() if i["threshold"] > 0]
-            share_int8_outputs(graph, quantized, written)
+            rules.share_outputs(quantized, [n for e in layers for n, i in e["inputs"].items() if i["threshold"] > 0])
         return {"algo": self.algo, "batches": calibration.batches, "samples": calibration.samples, "layers": layers,
-                "relus_written_as_leaky": signed_relus}
+                "relus_written_as_leaky": rules.signed_relus if rules else []}
 
     def _checkpoint(self, calibration: Calibration) -> None:
         assert self.cache_file is not None

@@ -25,14 +25,7 @@ from qcore.config import QuantConfig
 from qcore.errors import ConfigError, QuantError
 from qcore.graph import Graph, OpRef, open_graph, quantize_op
 from qcore.model_io import ModelFiles, load_model
-from qcore.onednn import (
-    align_residual_signs,
-    clipping_avg_pools,
-    float_residual_convs,
-    int8_problem,
-    share_int8_outputs,
-    unsigned_activations,
-)
+from qcore.onednn import Int8Deployment, clipping_avg_pools
 from qcore.paddle_env import FAMILIES
 
 from .config import dygraph_config
@@ -127,15 +120,12 @@ class QAT:
         relu outputs, int8 outputs every reader sees), get relus written as ``leaky_relu(alpha=0)``
         where a residual conv needs a signed output, and keep float what it would run wrongly.
         """
-        align_residual_signs(graph)
         read = [a.name for _, op in targets for a in graph.activation_operands(op)]
-        pool_outputs = {pool.scale_from for pool in clipping_avg_pools(graph, read)}
-        float_convs = float_residual_convs(graph, read)
-        unsigned = unsigned_activations(graph)
+        rules = Int8Deployment(graph, read, {pool.scale_from for pool in clipping_avg_pools(graph, read)})
         left_float: dict[str, str] = {}
         quantized, written = [], []
         for layer, op in targets:
-            reason = int8_problem(graph, op, self.config.weight_bits, layer.per_channel, pool_outputs, float_convs)
+            reason = rules.problem(op, self.config.weight_bits, layer.per_channel)
             if reason is not None:  # legacy only: Paddle Inference would run it wrongly in int8
                 left_float[layer.layer.weight.name] = reason
                 log.warning("%s left in float in the export: %s", layer.layer.weight.name, reason)
@@ -144,11 +134,11 @@ class QAT:
                 graph, op, layer.activation_threshold(),
                 weight_bits=self.config.weight_bits, activation_bits=self.config.activation_bits,
                 per_channel=layer.per_channel, weight_thresholds=None if fold else layer.weight_thresholds(),
-                unsigned=unsigned,
+                unsigned=rules.unsigned,
             )  # fmt: skip
             quantized.append(op)
             written += done.activations
-        share_int8_outputs(graph, quantized, written)
+        rules.share_outputs(quantized, written)
         return left_float
 
 
