@@ -7,6 +7,7 @@ import pytest
 from qcore.graph import open_graph
 from qcore.model_io import load_model
 from qcore.onednn import clipping_avg_pools, deployed_fc_weight, deployed_thresholds, fc_int8_error
+from qcore.testing import TinyResNet
 
 
 def test_run_scales_clip_columns_whose_max_exceeds_their_run():
@@ -254,3 +255,44 @@ def test_only_relus_are_written_as_leaky(tmp_path):
     graph = open_graph(load_model(tmp_path / "legacy"))
     with pytest.raises(GraphError, match="not a relu"):
         graph.write_relu_as_leaky(graph.ops(["conv2d"])[0])
+
+
+class _PooledHead(paddle.nn.Layer):
+    """Global average pool of a TinyResNet, then an fc through flatten (no shared scale) or reshape2 (shared)."""
+
+    def __init__(self, reshape: bool) -> None:
+        super().__init__()
+        self.body, self.fc, self.reshape = TinyResNet(), paddle.nn.Linear(16, 4), reshape
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        pooled = paddle.nn.functional.adaptive_avg_pool2d(self.body(x), 1)
+        return self.fc(paddle.reshape(pooled, [-1, 16]) if self.reshape else paddle.flatten(pooled, 1))
+
+
+def test_the_pool_reading_the_last_residual_conv_can_give_it_an_output_scale(tmp_path):
+    from qcore.errors import GraphError
+    from qcore.onednn import pooled_residual_outputs, residual_fusions
+    from qcore.testing import save_tiny_net
+
+    paddle.seed(0)
+    for reshape in (False, True):
+        save_tiny_net(_PooledHead(reshape), tmp_path / f"legacy{reshape}", "legacy_pdmodel")
+    save_tiny_net(_PooledHead(False), tmp_path / "pir", "pir")
+    flat, shaped = (open_graph(load_model(tmp_path / f"legacy{r}")) for r in (False, True))
+
+    def quantized_inputs(graph):  # what qptq quantizes: conv and fc inputs, residuals
+        names = [a.name for op in graph.ops(["conv2d", "mul", "matmul_v2"]) for a in graph.activation_operands(op)]
+        return names + [f.residual for f in residual_fusions(graph)]
+
+    (found,) = pooled_residual_outputs(flat, quantized_inputs(flat))
+    assert found.fusion == residual_fusions(flat)[-1] and [p.type for p in found.pools] == ["pool2d"]
+    assert found.pools[0].raw.input("X") == [found.fusion.output]
+    # through reshape2 the fc input's scale reaches the pool output: quantizing the pool input would change it
+    assert pooled_residual_outputs(shaped, quantized_inputs(shaped)) == []
+    assert pooled_residual_outputs(open_graph(load_model(tmp_path / "pir")), []) == []
+
+    flat.keep_float_in_onednn(found.pools[0])
+    assert found.pools[0].raw.attr("skip_quant") == 1
+    pir = open_graph(load_model(tmp_path / "pir"))
+    with pytest.raises(GraphError, match="legacy programs only"):
+        pir.keep_float_in_onednn(pir.ops()[0])

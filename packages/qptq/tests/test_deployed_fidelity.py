@@ -228,3 +228,32 @@ def test_a_projection_block_runs_int8_with_its_relu_written_signed(tmp_path, mon
     monkeypatch.setattr("qcore.onednn.float_residual_convs", lambda graph, names: [])
     _quantize(tmp_path / "float", tmp_path / "wrong", x, optimize_model=True)
     assert _deployed_error(tmp_path / "wrong", x) > 0.1  # Paddle Inference misreads the residual (measured 0.47)
+
+
+class _Classifier(paddle.nn.Layer):
+    """TinyResNet, global average pool, flatten, fc: a ResNet's head."""
+
+    def __init__(self) -> None:
+        from qcore.testing import TinyResNet
+
+        super().__init__()
+        self.body, self.fc = TinyResNet(), paddle.nn.Linear(16, 4)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return self.fc(paddle.flatten(paddle.nn.functional.adaptive_avg_pool2d(self.body(x), 1), 1))
+
+
+def test_the_last_residual_conv_gets_its_output_scale_through_a_float_pool(tmp_path):
+    paddle.seed(0)
+    _save_legacy(_Classifier(), tmp_path / "float", [None, 1, 8, 8])
+    x = np.random.default_rng(5).standard_normal((32, 1, 8, 8)).astype("float32")
+    # convs only: a [16, 4] fc weight deploys with the run scales of test_emulation_reproduces_what_onednn_runs
+    report = _quantize(tmp_path / "float", tmp_path / "int8", x, optimize_model=True, quantizable_op_type=["conv2d"])
+    assert [layer for layer in report["layers"] if "left_float" in layer] == []  # every conv runs int8
+    (pool,) = [layer for layer in report["layers"] if "runs_float" in layer]
+    assert pool["op"] == "pool2d"
+    program = load_model(tmp_path / "int8").program
+    (marked,) = [op for op in program.global_block().ops if op.has_attr("skip_quant")]
+    assert marked.type == "pool2d" and marked.attr("skip_quant") == 1
+    assert marked.input("X")[0].endswith(".dequantized")  # reads the rounded output the int8 conv writes
+    assert _deployed_error(tmp_path / "int8", x) < 5e-3  # measured 2.6e-3 (mean 5e-5)

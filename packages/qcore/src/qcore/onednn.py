@@ -402,6 +402,39 @@ def align_residual_signs(graph: Graph) -> list[str]:
             rewritten.append(name)
 
 
+@dataclass(frozen=True)
+class PooledResidualOutput:
+    """A residual conv's unscaled output that only pools read (:func:`pooled_residual_outputs`)."""
+
+    fusion: ResidualFusion
+    pools: tuple[OpRef, ...]
+
+
+def pooled_residual_outputs(graph: Graph, quantized_inputs: Iterable[str]) -> list[PooledResidualOutput]:
+    """Fused residual convs that would run int8 if their pools' input were quantized.
+
+    A :func:`residual_fusions` conv whose residual has a scale but whose output has none runs
+    float (:func:`float_residual_convs`): in a ResNet only the final global pool reads the last
+    block. When only pools read such an output and no scale reaches their outputs, quantizing
+    their input gives the conv its output scale without changing any other tensor's. The pools
+    should then stay float (:meth:`Graph.keep_float_in_onednn`): an int8 pool writes its
+    output at its input's scale, coarse for an average. Empty for PIR graphs.
+    """
+    if graph.family != "legacy":
+        return []
+    scaled = deployed_thresholds(graph, dict.fromkeys(quantized_inputs, 1.0))
+    flow = _Dataflow(graph)
+    by_raw = {id(op.raw): op for op in flow.ops}
+    found = []
+    for fusion in residual_fusions(graph):
+        readers = flow.readers.get(fusion.output, [])
+        if fusion.residual not in scaled or fusion.output in scaled or not readers:
+            continue
+        if all(raw.type == "pool2d" and raw.output("Out")[0] not in scaled for raw in readers):
+            found.append(PooledResidualOutput(fusion, tuple(by_raw[id(raw)] for raw in readers)))
+    return found
+
+
 #: Why a conv fused with a residual add (:func:`float_residual_convs`) is left float.
 RESIDUAL_CONV_REASON = (
     "Paddle Inference computes a residual add inside this conv and would run it in float (no scale for its "

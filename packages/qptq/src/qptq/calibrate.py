@@ -15,7 +15,7 @@ import numpy as np
 from qcore.errors import DataError
 from qcore.graph import Graph, Operand, OpRef
 from qcore.observers import HistogramObserver
-from qcore.onednn import clipping_avg_pools, residual_fusions
+from qcore.onednn import clipping_avg_pools, pooled_residual_outputs, residual_fusions
 
 from .bias_correction import ChannelMean
 
@@ -33,6 +33,7 @@ class Target:
     weight: Operand | None
     activations: list[Operand]  # the ones to quantize: all the op reads, or fewer
     fused_into: OpRef | None = None  # a conv oneDNN computes this op in: quantized only with it
+    runs_float: bool = False  # only its input is quantized (for the op writing it); oneDNN runs the op float
 
 
 @dataclass
@@ -76,6 +77,21 @@ def residual_adds(graph: Graph, targets: list[Target], skip_patterns: Iterable[s
         for fusion in residual_fusions(graph)
         if id(fusion.add.raw) in by_op and id(fusion.conv.raw) in convs
     ]  # fmt: skip
+
+
+def residual_output_pools(graph: Graph, targets: list[Target]) -> list[Target]:
+    """The pools whose input to quantize so the fused residual convs of ``targets`` writing it run int8.
+
+    Legacy programs (:func:`qcore.onednn.pooled_residual_outputs`); the pools themselves run float.
+    """
+    convs = {id(t.op.raw) for t in targets}
+    read = [a.name for t in targets for a in t.activations]
+    return [
+        Target(pool, None, graph.activation_operands(pool), runs_float=True)
+        for found in pooled_residual_outputs(graph, read)
+        if id(found.fusion.conv.raw) in convs
+        for pool in found.pools
+    ]
 
 
 def avg_pool_fixes(graph: Graph, targets: list[Target], keep_float: bool) -> tuple[list[Target], set[str]]:

@@ -28,7 +28,15 @@ from qcore.onednn import Int8Deployment, deployed_thresholds
 from qcore.thresholds import ALIASES, thresholds_all_algos
 
 from .bias_correction import correct_bias, input_means
-from .calibrate import Calibration, Target, avg_pool_fixes, calibrate, find_targets, residual_adds
+from .calibrate import (
+    Calibration,
+    Target,
+    avg_pool_fixes,
+    calibrate,
+    find_targets,
+    residual_adds,
+    residual_output_pools,
+)
 from .data import feed_batches
 from .naming import output_names
 
@@ -120,6 +128,8 @@ class PostTrainingQuantization:
         targets = find_targets(graph, self.op_types, self.skip_patterns)
         if self.residual_add and "elementwise_add" not in self.op_types:
             targets += residual_adds(graph, targets, self.skip_patterns)
+        if self.onednn_fallback:
+            targets += residual_output_pools(graph, targets)
         pool_targets, self.float_inputs = avg_pool_fixes(graph, targets, keep_float=self.onednn_fallback)
         targets += pool_targets
         means = input_means(targets) if self.bias_correction else {}
@@ -162,6 +172,9 @@ class PostTrainingQuantization:
                 thresholds = {a.name: deployed[a.name] for a in target.activations}
             done = quantize_op(graph, target.op, thresholds, weight_bits=self.weight_bits,
                                activation_bits=self.activation_bits, per_channel=self.per_channel, unsigned=unsigned)
+            if target.runs_float:
+                graph.keep_float_in_onednn(target.op)
+                entry["runs_float"] = "its input is quantized for the residual conv writing it; the op runs float"
             if done.weight is not None and target.weight is not None:
                 entry["weight"] = {"name": target.weight.name, "thresholds": done.weight.thresholds.round(6).tolist()}
                 if target.activations and target.activations[0].name in calibration.channel_means:

@@ -239,6 +239,13 @@ class Graph(ABC):
     def _write_leaky_relu(self, raw: Any) -> None:
         """Retype relu ``raw`` in place as ``leaky_relu(alpha=0)``."""
 
+    @abstractmethod
+    def keep_float_in_onednn(self, op: OpRef) -> None:
+        """Mark ``op`` (``skip_quant=1``) so Paddle Inference's oneDNN int8 placement leaves it float.
+
+        The executor and other backends ignore the mark. Legacy programs only.
+        """
+
     def quantize_weight(
         self,
         operand: Operand,

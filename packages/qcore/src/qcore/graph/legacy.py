@@ -120,6 +120,9 @@ class LegacyGraph(Graph):
         raw.desc.set_type("leaky_relu")
         raw._set_attr("alpha", 0.0)
 
+    def keep_float_in_onednn(self, op: OpRef) -> None:
+        op.raw._set_attr("skip_quant", 1)  # cpu_quantize_placement_pass reads it as an int
+
     def _build_act_qdq(self, operand: Operand, threshold: float, bits: int, unsigned: bool) -> str:
         name = operand.name
         scale = self._add_param(self._new_param_name(f"{name}@scale"), np.array([threshold], np.float32))
