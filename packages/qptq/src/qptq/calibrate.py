@@ -32,7 +32,8 @@ class Target:
     op: OpRef
     weight: Operand | None
     activations: list[Operand]  # the ones to quantize: all the op reads, or fewer
-    fused_into: OpRef | None = None  # a conv oneDNN computes this op in: quantized only with it
+    # the conv this op is quantized for (oneDNN computes the add in it, or it writes the pool's input): only with it
+    for_conv: OpRef | None = None
     runs_float: bool = False  # only its input is quantized (for the op writing it); oneDNN runs the op float
 
 
@@ -73,7 +74,7 @@ def residual_adds(graph: Graph, targets: list[Target], skip_patterns: Iterable[s
     convs = {id(t.op.raw) for t in targets}
     return [
         Target(fusion.add, None, [a for a in by_op[id(fusion.add.raw)].activations if a.name == fusion.residual],
-               fused_into=fusion.conv)
+               for_conv=fusion.conv)
         for fusion in residual_fusions(graph)
         if id(fusion.add.raw) in by_op and id(fusion.conv.raw) in convs
     ]  # fmt: skip
@@ -87,7 +88,7 @@ def residual_output_pools(graph: Graph, targets: list[Target]) -> list[Target]:
     convs = {id(t.op.raw) for t in targets}
     read = [a.name for t in targets for a in t.activations]
     return [
-        Target(pool, None, graph.activation_operands(pool), runs_float=True)
+        Target(pool, None, graph.activation_operands(pool), for_conv=found.fusion.conv, runs_float=True)
         for found in pooled_residual_outputs(graph, read)
         if id(found.fusion.conv.raw) in convs
         for pool in found.pools

@@ -159,8 +159,8 @@ class PostTrainingQuantization:
         for target in targets:
             entry: dict[str, Any] = {"op": target.op.seed_type, "scope": target.op.scope_name, "inputs": {}}
             reason = rules.problem(target.op, self.weight_bits, self.per_channel) if rules else None
-            if reason is None and target.fused_into is not None and id(target.fused_into.raw) in float_ops:
-                reason = "Paddle Inference computes this add inside a conv that stays float"
+            if reason is None and target.for_conv is not None and id(target.for_conv.raw) in float_ops:
+                reason = "quantized only for a conv that stays float (its residual add or the pool it feeds)"
             if reason is not None:
                 float_ops.add(id(target.op.raw))
                 entry["left_float"] = reason
@@ -168,7 +168,7 @@ class PostTrainingQuantization:
                 layers.append(entry)
                 continue
             thresholds: Any = [deployed[a.name] for a in target.activations]  # by position: PIR names shift
-            if target.fused_into is not None:  # only the residual input (legacy, where names are stable)
+            if target.for_conv is not None:  # only the input the conv needs (legacy, where names are stable)
                 thresholds = {a.name: deployed[a.name] for a in target.activations}
             done = quantize_op(graph, target.op, thresholds, weight_bits=self.weight_bits,
                                activation_bits=self.activation_bits, per_channel=self.per_channel, unsigned=unsigned)
