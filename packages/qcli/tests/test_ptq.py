@@ -82,3 +82,31 @@ def test_bad_calibration_sources(tmp_path):
         main(["ptq", "static", str(demo_model_dir("legacy")), str(tmp_path / "o"), "--data", str(tmp_path / "empty")])
     with pytest.raises(DataError, match="has no function 'nope'"):
         main(["ptq", "static", str(demo_model_dir("legacy")), str(tmp_path / "o"), "--data", "qcore.demo:nope"])
+
+
+def test_static_for_openvino_is_verified_there(demo_arrays, tmp_path, capsys):
+    out = tmp_path / "ov"
+    assert main(["ptq", "static", str(demo_model_dir("legacy")), str(out), "--data", str(demo_arrays / "calib.npy"),
+                 "--algo", "abs_max", "--backend", "openvino", "--eval-data", str(demo_arrays / "x.npy")]) == 0
+    report = json.loads((tmp_path / "ov.report.json").read_text())
+    assert report["deploy_backend"] == "openvino"
+    assert not any("left_float" in layer for layer in report["layers"])
+    row = report["verified"]["openvino"]
+    assert list(report["verified"]) == ["openvino"]
+    assert row["deployed_vs_simulated"] < 1e-3 and 0 < row["int8_vs_float"] < 0.2 and row["int8_ms"] > 0
+    assert "| openvino |" in capsys.readouterr().out
+
+
+def test_default_output_is_verified_on_every_cpu_backend(demo_arrays, tmp_path):
+    assert main(["ptq", "static", str(demo_model_dir("pir")), str(tmp_path / "int8"), "--data",
+                 str(demo_arrays / "calib.npy"), "--algo", "abs_max"]) == 0
+    verified = json.loads((tmp_path / "int8.report.json").read_text())["verified"]
+    assert "does not convert PIR" in verified["openvino"]["unavailable"]
+    for backend in ("onednn", "native"):
+        assert verified[backend]["deployed_vs_simulated"] < 0.02, backend
+
+
+def test_unknown_backend_is_one_line_with_the_choices(capsys):
+    with pytest.raises(SystemExit):
+        main(["ptq", "static", "m", "o", "--data", "d.npy", "--backend", "openvno"])
+    assert "invalid choice: 'openvno'" in capsys.readouterr().err

@@ -4,9 +4,9 @@ import numpy as np
 import paddle
 import pytest
 
+from qcore.deploy.onednn import clipping_avg_pools, deployed_fc_weight, deployed_thresholds, fc_int8_error
 from qcore.graph import open_graph
 from qcore.model_io import load_model
-from qcore.onednn import clipping_avg_pools, deployed_fc_weight, deployed_thresholds, fc_int8_error
 from qcore.testing import TinyResNet
 
 
@@ -31,7 +31,7 @@ def test_errors_flag_square_per_channel_and_pass_uniform_columns():
 
 
 def test_int8_weight_problem_on_graphs(tmp_path):
-    from qcore.onednn import int8_weight_problem
+    from qcore.deploy.onednn import int8_weight_problem
 
     class Net(paddle.nn.Layer):
         def __init__(self) -> None:
@@ -122,7 +122,7 @@ def test_avg_pools_quantized_only_on_the_output_side_are_found(pool_graphs):
 
 
 def test_int8_problem_names_the_readers_of_a_clipping_pool(pool_graphs):
-    from qcore.onednn import POOL_READER_REASON, int8_problem
+    from qcore.deploy.onednn import POOL_READER_REASON, int8_problem
 
     legacy, _ = pool_graphs
     (_, avg_out), _ = _io(legacy, "pool2d")
@@ -149,7 +149,7 @@ class PoolHead(paddle.nn.Layer):
 
 
 def test_a_pool_scaled_through_a_reshape_keeps_the_fc_behind_it_float(tmp_path):
-    from qcore.onednn import POOL_READER_REASON, int8_problem
+    from qcore.deploy.onednn import POOL_READER_REASON, int8_problem
 
     spec = [paddle.static.InputSpec([None, 3, 8, 8], "float32", "x")]
     with paddle.pir_utils.DygraphOldIrGuard():
@@ -163,7 +163,7 @@ def test_a_pool_scaled_through_a_reshape_keeps_the_fc_behind_it_float(tmp_path):
 
 
 def test_residual_fusions_name_the_conv_onednn_computes_each_add_in(tmp_path):
-    from qcore.onednn import residual_fusions
+    from qcore.deploy.onednn import residual_fusions
     from qcore.testing import TinyResNet, save_tiny_net
 
     paddle.seed(0)
@@ -205,9 +205,10 @@ class _IdentityBlock(paddle.nn.Layer):
 
 
 def test_residual_signs_are_aligned_down_the_chain_without_changing_values(tmp_path):
-    from qcore.onednn import (
+    from qcore.deploy.onednn import (
         RESIDUAL_CONV_REASON,
-        Int8Deployment,
+        TARGET,
+        OneDnnRules,
         align_residual_signs,
         float_residual_convs,
         residual_fusions,
@@ -240,10 +241,10 @@ def test_residual_signs_are_aligned_down_the_chain_without_changing_values(tmp_p
 
     fresh = open_graph(load_model(tmp_path / "legacy"))
     _, projection, after_projection = residual_fusions(fresh)
-    rules = Int8Deployment(fresh, every_input)  # the same, bundled
-    assert rules.signed_relus == rewritten and rules.unsigned == unsigned
+    rules = OneDnnRules(TARGET, fresh, every_input)  # the same, bundled
+    assert rules.rewrites["relus_written_as_leaky"] == rewritten and rules.unsigned == unsigned
     assert rules.problem(projection.conv, 8, True) is None
-    assert rules.problem(after_projection.conv, 8, True) == RESIDUAL_CONV_REASON
+    assert rules.problem(after_projection.conv, 8, True) == "onednn: " + RESIDUAL_CONV_REASON
     assert align_residual_signs(open_graph(load_model(tmp_path / "pir"))) == []
 
 
@@ -270,8 +271,8 @@ class _PooledHead(paddle.nn.Layer):
 
 
 def test_the_pool_reading_the_last_residual_conv_can_give_it_an_output_scale(tmp_path):
+    from qcore.deploy.onednn import pooled_residual_outputs, residual_fusions
     from qcore.errors import GraphError
-    from qcore.onednn import pooled_residual_outputs, residual_fusions
     from qcore.testing import save_tiny_net
 
     paddle.seed(0)

@@ -6,9 +6,9 @@ import numpy as np
 import paddle
 import pytest
 
+from qcore.deploy.onednn import deployed_fc_weight
 from qcore.inference import predict
 from qcore.model_io import find_model_files, load_model
-from qcore.onednn import deployed_fc_weight
 from qcore.quant import abs_max, fake_quantize
 from qptq import quant_post_dynamic, quant_post_static
 
@@ -84,7 +84,7 @@ def test_emulation_reproduces_what_onednn_runs(two_fc, tmp_path):
     emulated = fake_quantize(x, threshold, 8) @ deployed_fc_weight(ours) + net.fc1.bias.numpy()
     reference = fc1(paddle.to_tensor(x)).numpy()
     assert _relative(deployed, reference) > 0.3  # oneDNN really runs the wrong scales ...
-    assert _relative(deployed, emulated) < 0.01  # ... exactly the ones qcore.onednn predicts
+    assert _relative(deployed, emulated) < 0.01  # ... exactly the ones qcore.deploy.onednn predicts
 
 
 def test_bad_fc_layers_stay_float_so_deployed_matches_simulated(two_fc, tmp_path):
@@ -107,7 +107,7 @@ def test_conv2d_transpose_is_left_float_instead_of_crashing(tmp_path):
     _save_legacy(Upsampler(), tmp_path / "float", [None, 3, 8, 8])
     x = np.random.default_rng(2).standard_normal((8, 3, 8, 8)).astype("float32")
     report = _quantize(tmp_path / "float", tmp_path / "static", x, quantizable_op_type=["conv2d", "conv2d_transpose"])
-    assert [layer.get("left_float", "")[:30] for layer in report["layers"]] == ["", "Paddle Inference 3.3.1 has no "]
+    assert [layer.get("left_float", "")[:30] for layer in report["layers"]] == ["", "onednn: Paddle Inference 3.3.1"]
     quant_post_dynamic(tmp_path / "float", tmp_path / "dynamic", quantizable_op_type=["conv2d", "conv2d_transpose"])
     for name in ("static", "dynamic"):
         files = find_model_files(tmp_path / name)
@@ -151,7 +151,7 @@ def test_global_avg_pools_never_let_the_int8_pool_clip(tmp_path, monkeypatch):
     assert squeeze["threshold"] == pool_info["threshold"] > 2 * squeeze["own_threshold"]
     assert _deployed_error(tmp_path / "all_int8", x) < 0.02
 
-    monkeypatch.setattr("qptq.static.avg_pool_fixes", lambda graph, targets, keep_float: ([], set()))
+    monkeypatch.setattr("qcore.deploy.onednn.clipping_avg_pools", lambda graph, quantized: [])
     _quantize(tmp_path / "float", tmp_path / "clipped", x, onednn_fallback=False)
     assert _deployed_error(tmp_path / "clipped", x) > 0.08  # the int8 pool clipped its input (measured 0.13 vs 0.007)
 
@@ -176,15 +176,16 @@ def test_unsigned_activations_are_simulated_as_onednn_runs_them(tmp_path, monkey
     report = _quantize(tmp_path / "float", tmp_path / "u8", x)
     assert [[info.get("unsigned", False) for info in layer["inputs"].values()] for layer in report["layers"]] == [
         [False], [True], [False]]
-    assert _deployed_error(tmp_path / "u8", x) < 1e-5  # measured 4e-7: the simulation is what oneDNN runs
+    # measured 4e-7 on an Intel CPU, 1.9e-3 on AMD EPYC (oneDNN's u8 x s8 kernels without VNNI add pairs in int16)
+    assert _deployed_error(tmp_path / "u8", x) < 4e-3
 
-    monkeypatch.setattr("qcore.onednn.unsigned_activations", lambda graph: set())
+    monkeypatch.setattr("qcore.deploy.onednn.unsigned_activations", lambda graph: set())
     _quantize(tmp_path / "float", tmp_path / "s8", x)
-    assert _deployed_error(tmp_path / "s8", x) > 1e-3  # signed simulation of the relu output (measured 0.015)
+    assert _deployed_error(tmp_path / "s8", x) > 8e-3  # signed simulation of the relu output (measured 0.015)
 
 
 def test_residual_joins_simulate_what_onednn_fuses_and_rounds(tmp_path, monkeypatch):
-    from qcore.onednn import RESIDUAL_CONV_REASON
+    from qcore.deploy.onednn import RESIDUAL_CONV_REASON
     from qcore.testing import TinyResNet
 
     paddle.seed(0)
@@ -198,13 +199,13 @@ def test_residual_joins_simulate_what_onednn_fuses_and_rounds(tmp_path, monkeypa
     assert len(adds[0]["inputs"]) == 1
     # projection block: its fused conv writes the model output (no scale), so oneDNN runs it float
     assert adds[1].get("left_float") and "conv2d_4.w_0" not in by_weight
-    assert RESIDUAL_CONV_REASON in [layer.get("left_float") for layer in report["layers"]]
+    assert "onednn: " + RESIDUAL_CONV_REASON in [layer.get("left_float") for layer in report["layers"]]
     assert _deployed_error(tmp_path / "fused", x) < 2e-3  # measured 5.5e-4
 
     # without modelling the fusions: no residual QDQ, every conv int8, float readers of int8 outputs unrounded
-    monkeypatch.setattr("qptq.calibrate.residual_fusions", lambda graph: [])
-    monkeypatch.setattr("qcore.onednn.float_residual_convs", lambda graph, names: [])
-    monkeypatch.setattr("qcore.onednn.share_int8_outputs", lambda graph, ops, names: set())
+    monkeypatch.setattr("qcore.deploy.onednn.residual_fusions", lambda graph: [])
+    monkeypatch.setattr("qcore.deploy.onednn.float_residual_convs", lambda graph, names: [])
+    monkeypatch.setattr("qcore.deploy.onednn.share_int8_outputs", lambda graph, ops, names: set())
     _quantize(tmp_path / "float", tmp_path / "naive", x, optimize_model=True)
     assert _deployed_error(tmp_path / "naive", x) > 4e-3  # measured 7.8e-3
 
@@ -224,8 +225,8 @@ def test_a_projection_block_runs_int8_with_its_relu_written_signed(tmp_path, mon
     # measured 8.6e-3 at most, from a few elements one rounding step apart (mean 2e-5; 2.5e-2 from float)
     assert _deployed_error(tmp_path / "int8", x) < 0.01
 
-    monkeypatch.setattr("qcore.onednn.align_residual_signs", lambda graph: [])
-    monkeypatch.setattr("qcore.onednn.float_residual_convs", lambda graph, names: [])
+    monkeypatch.setattr("qcore.deploy.onednn.align_residual_signs", lambda graph: [])
+    monkeypatch.setattr("qcore.deploy.onednn.float_residual_convs", lambda graph, names: [])
     _quantize(tmp_path / "float", tmp_path / "wrong", x, optimize_model=True)
     assert _deployed_error(tmp_path / "wrong", x) > 0.1  # Paddle Inference misreads the residual (measured 0.47)
 

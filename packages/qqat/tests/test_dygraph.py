@@ -110,7 +110,8 @@ def test_pact_alpha_is_trained_and_moves():
         opt.step()
         opt.clear_grad()
     moved = {name: abs(float(q.alpha.numpy()[0]) - start[name]) / start[name] for name, q in _pacts(net)}
-    assert all(m > 0.004 for m in moved.values()), moved  # every clip bound moved
+    # every clip bound moved (the depthwise input's least: 0.05 % on AMD EPYC, 0.4 % on the Intel CPU first measured)
+    assert all(m > 1e-4 for m in moved.values()), moved
     assert max(moved.values()) > 0.1, moved  # and some by more than 10 %
 
 
@@ -149,7 +150,8 @@ def test_save_runs_in_executor_and_inference_like_the_qat_model(tmp_path, family
         assert np.abs(deployed - executor).max() < 0.005 * scale
 
 
-def test_legacy_export_keeps_float_what_onednn_would_run_wrongly(tmp_path):
+def _square_fc_net():
+    """Two fc layers, the first square: oneDNN's int8 fc would apply its per-channel scales along the wrong axis."""
     paddle.seed(0)
     net = paddle.nn.Sequential(paddle.nn.Linear(8, 8), paddle.nn.ReLU(), paddle.nn.Linear(8, 3))
     qat = QAT()
@@ -157,7 +159,11 @@ def test_legacy_export_keeps_float_what_onednn_would_run_wrongly(tmp_path):
     x = np.random.default_rng(0).normal(size=(16, 8)).astype("float32")
     net.train()
     net(paddle.to_tensor(x))
-    spec = [paddle.static.InputSpec([None, 8], "float32", "x")]
+    return net, qat, x, [paddle.static.InputSpec([None, 8], "float32", "x")]
+
+
+def test_legacy_export_keeps_float_what_onednn_would_run_wrongly(tmp_path):
+    net, qat, x, spec = _square_fc_net()
     files = qat.save_quantized_model(net, tmp_path / "legacy" / "m", spec, family="legacy")
     square = net[0].layer.weight.name
     assert "wrong axis" in qat.left_float[square]  # square per-channel fc weight
@@ -166,6 +172,18 @@ def test_legacy_export_keeps_float_what_onednn_would_run_wrongly(tmp_path):
     np.testing.assert_allclose(predict(files, {"x": x})[0], logits(net, x), atol=0.05)
     qat.save_quantized_model(net, tmp_path / "pir" / "m", spec)
     assert qat.left_float == {}  # the PIR form runs float kernels: nothing to avoid
+
+
+def test_export_for_openvino_quantizes_what_onednn_would_keep_float(tmp_path):
+    net, qat, x, spec = _square_fc_net()
+    files = qat.save_quantized_model(net, tmp_path / "ov" / "m", spec, family="legacy", deploy_backend="openvino")
+    assert qat.left_float == {}  # the square fc oneDNN would misread runs int8 on OpenVINO
+    types = open_graph(load_model(files.directory)).op_types()
+    assert types.count("quantize_linear") == 2
+    simulated = load_model(files.directory).run({"x": x})[0]
+    np.testing.assert_allclose(predict(files, {"x": x}, backend="openvino")[0], simulated, atol=1e-4)
+    with pytest.raises(ConfigError, match="does not convert PIR"):
+        qat.save_quantized_model(net, tmp_path / "pir" / "m", spec, deploy_backend="openvino")
 
 
 class SqueezeHead(paddle.nn.Layer):

@@ -14,9 +14,11 @@ def executor_outputs(files: ModelFiles, feed_name: str, x: np.ndarray, batch: in
     return np.concatenate([model.run({feed_name: x[i : i + batch]})[0] for i in range(0, len(x), batch)])
 
 
-def deployed_outputs(files: ModelFiles, feed_name: str, x: np.ndarray, batch: int = 250) -> np.ndarray:
-    """First output of the model over ``x``, run in ``paddle.inference`` (oneDNN + int8 switch)."""
-    predictor = create_predictor(files)
+def deployed_outputs(
+    files: ModelFiles, feed_name: str, x: np.ndarray, backend: str | None = None, batch: int = 250
+) -> np.ndarray:
+    """First output of the model over ``x``, run in ``paddle.inference`` on ``backend`` (default oneDNN int8)."""
+    predictor = create_predictor(files, backend=backend or "onednn")
     return np.concatenate([run_predictor(predictor, {feed_name: x[i : i + batch]})[0] for i in range(0, len(x), batch)])
 
 

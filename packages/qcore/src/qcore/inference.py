@@ -1,39 +1,80 @@
-"""Running a saved model in ``paddle.inference`` the way a deployment would.
+"""Running a saved model in ``paddle.inference`` on a deployment backend.
 
-A QDQ model only runs int8 kernels on CPU when *both* ``enable_onednn()`` and
-``enable_onednn_int8()`` are set; with oneDNN alone the QDQ ops run in float and the model is
-slower than the float one. :func:`create_predictor` sets both by default.
+``create_predictor(files, backend=...)`` builds a predictor for any format this toolkit reads
+or writes (``*.pdmodel``, ``__model__`` + ``__params__``, one file per parameter, PIR ``*.json``)
+on one of :data:`qcore.deploy.BACKEND_NAMES`. On ``onednn`` a QDQ model only runs int8 kernels
+with *both* ``enable_onednn()`` and ``enable_onednn_int8()``, which the target sets; on
+``openvino`` the engine only opens ``*.pdmodel`` names, so other legacy names are linked (or,
+for one file per parameter, re-saved) under such names in a temporary directory first.
 """
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 from paddle import inference
 
-from .model_io import ModelFiles
+from .deploy import DeployTarget, get_target
+from .deploy.onednn import OneDnnTarget
+from .errors import ConfigError
+from .model_io import ModelFiles, find_model_files, load_model, save_model
+
+_LINKED: list[Path] = []  # temporary copies under *.pdmodel names, removed at exit
+atexit.register(lambda: [shutil.rmtree(p, ignore_errors=True) for p in _LINKED])
 
 
 def create_predictor(
-    files: ModelFiles, *, onednn: bool = True, int8: bool = True, threads: int = 2
+    files: ModelFiles | str | os.PathLike[str],
+    *,
+    backend: str | DeployTarget = "onednn",
+    threads: int = 2,
+    onednn: bool = True,
+    int8: bool = True,
 ) -> inference.Predictor:
-    """A CPU predictor for ``files``; ``int8`` switches on oneDNN's int8 passes."""
+    """A predictor for ``files`` (a :class:`ModelFiles`, a model directory or a model file) on ``backend``.
+
+    ``onednn=False`` is the same as ``backend="native"``; ``int8=False`` keeps oneDNN to its float
+    kernels (the float baseline). A backend this machine cannot run (``tensorrt`` without a GPU)
+    raises :class:`ConfigError`; so does one that would silently run another backend's kernels
+    (``openvino`` on a PIR model).
+    """
+    if not isinstance(files, ModelFiles):
+        files = find_model_files(files)
+    target = get_target("native" if not onednn else backend)
+    if isinstance(target, OneDnnTarget) and not int8:
+        target = OneDnnTarget(int8_kernels=False)
+    reason = target.unavailable() or target.accepts(files.model_file)
+    if reason is not None:
+        raise ConfigError(f"backend {target.name!r} cannot run {files.model_file}: {reason}")
+    if files.family == "legacy" and target.name == "openvino":
+        files = _as_pdmodel(files)
     if files.params_file is None:
         config = inference.Config(str(files.directory))
         config.set_prog_file(str(files.model_file))
     else:
         config = inference.Config(str(files.model_file), str(files.params_file))
-    config.disable_gpu()
     config.disable_glog_info()
-    config.set_cpu_math_library_num_threads(threads)
-    if onednn:
-        config.enable_onednn()
-        if int8:
-            config.enable_onednn_int8()
-    else:
-        config.disable_onednn()
+    target.configure(config, threads)
     return inference.create_predictor(config)
+
+
+def _as_pdmodel(files: ModelFiles) -> ModelFiles:
+    """``files`` under ``*.pdmodel`` / ``*.pdiparams`` names (OpenVINO's frontend opens no others)."""
+    if files.model_file.suffix == ".pdmodel" and files.params_file is not None:
+        return files
+    tmp = Path(tempfile.mkdtemp(prefix="qcore-ov-"))
+    _LINKED.append(tmp)
+    if files.params_file is None:  # one file per parameter: write them combined
+        return save_model(load_model(files), tmp / "model", "model.pdmodel", "model.pdiparams")
+    os.symlink(files.model_file.resolve(), tmp / "model.pdmodel")
+    os.symlink(files.params_file.resolve(), tmp / "model.pdiparams")
+    return ModelFiles(tmp / "model.pdmodel", tmp / "model.pdiparams", "legacy")
 
 
 def run_predictor(predictor: inference.Predictor, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:

@@ -9,14 +9,11 @@ correction ``e · E[x]`` per output channel is subtracted from the layer's bias 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from qcore.deploy import OpTarget
 from qcore.graph import Graph, QuantizedWeight
-
-if TYPE_CHECKING:  # calibrate imports ChannelMean from here
-    from .calibrate import Target
 
 CONV_KINDS = ("conv2d", "depthwise_conv2d")
 FC_KINDS = ("mul", "matmul", "matmul_v2")
@@ -66,7 +63,7 @@ def output_shift(
     return (per_tap * means).sum(-1)
 
 
-def input_means(targets: list[Target]) -> dict[str, ChannelMean]:
+def input_means(targets: list[OpTarget]) -> dict[str, ChannelMean]:
     """A channel-mean accumulator for the input of every conv and fc whose bias can be corrected."""
     means = {}
     for target in targets:
@@ -76,7 +73,7 @@ def input_means(targets: list[Target]) -> dict[str, ChannelMean]:
     return means
 
 
-def correct_bias(graph: Graph, target: Target, stored: QuantizedWeight, mean: ChannelMean) -> float | None:
+def correct_bias(graph: Graph, target: OpTarget, stored: QuantizedWeight, mean: ChannelMean) -> float | None:
     """Subtract the mean output shift of the rounded weight from the op's bias; returns its max."""
     bias = graph.bias_operand(target.op)
     if bias is None or target.weight is None:  # no bias to absorb the shift

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from qcore.config import validate_choice
 from qcore.constants import WEIGHT_QUANTIZE_TYPES
+from qcore.deploy import get_target
 from qcore.errors import ConfigError
 from qcore.graph import open_graph
 from qcore.model_io import ModelFiles, load_model
-from qcore.onednn import INT8_WEIGHT_UNSUPPORTED
 
 from .naming import output_names
 
@@ -36,12 +36,18 @@ def quant_post_dynamic(
     weight_bits: int = 8,
     generate_test_model: bool = False,
     weight_quantize_type: str = "channel_wise_abs_max",
+    *,
+    deploy_backend: str | None = None,
 ) -> ModelFiles:
     """Store the weights of ``quantizable_op_type`` ops as int8/int16 and save the model.
 
     ``generate_test_model=True`` also writes ``<save_model_dir>/test_model``: the same model
     with float weights that hold the dequantized values (the seeds' "fake quantized" model).
+    ``deploy_backend`` (see :mod:`qcore.deploy`) decides how weights the runtime cannot read as int8
+    are handled: the default (oneDNN's rules) keeps a legacy ``conv2d_transpose`` float, ``"openvino"``
+    stores it int8 read through cast -> multiply.
     """
+    target = get_target(deploy_backend)
     if weight_bits not in (8, 16) or isinstance(weight_bits, bool):
         raise ConfigError(
             f"weight_bits={weight_bits!r} is not supported; quant_post_dynamic stores int8 or int16: use 8 or 16"
@@ -58,10 +64,12 @@ def quant_post_dynamic(
         weight = graph.weight_operand(op)
         if weight is None:
             continue
-        if graph.family == "legacy" and op.seed_type in INT8_WEIGHT_UNSUPPORTED:
-            log.warning("%r left in float: %s", op, INT8_WEIGHT_UNSUPPORTED[op.seed_type])
+        if graph.family in target.int8_families and op.seed_type in target.float_ops:
+            log.warning("%r left in float: %s: %s", op, target.name, target.float_ops[op.seed_type])
             continue
-        stored = graph.quantize_weight(weight, weight_bits, graph.weight_channel_axis(op) if per_channel else None)
+        axis = graph.weight_channel_axis(op) if per_channel else None
+        cast = op.seed_type in target.float_dequant_weights
+        stored = graph.quantize_weight(weight, weight_bits, axis, float_dequant=cast)
         if test_graph is not None:
             test_graph.replace_weight(test_graph.weight_operand(twin), stored.dequantized(), "fake_quantized")
     names = output_names(graph.family, save_model_filename, save_params_filename)

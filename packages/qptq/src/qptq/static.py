@@ -14,29 +14,23 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from qcore.config import validate_bits, validate_choice
+from qcore.config import check_paddleslim_keywords, validate_bits, validate_choice
 from qcore.constants import (
     ACTIVATION_QUANTIZE_TYPES,
     QUANT_DEQUANT_PASS_OP_TYPES,
     TRANSFORM_PASS_OP_TYPES,
     WEIGHT_QUANTIZE_TYPES,
 )
+from qcore.deploy import OpTarget, find_targets, get_target
+from qcore.deploy.apply import RUNS_FLOAT_NOTE, Applied, Planned, apply_rules
+from qcore.deploy.onednn import OneDnnTarget
+from qcore.errors import ConfigError
 from qcore.graph import Graph, open_graph
-from qcore.graph.rewrite import quantize_op
 from qcore.model_io import ModelFiles, load_model
-from qcore.onednn import Int8Deployment, deployed_thresholds
 from qcore.thresholds import ALIASES, thresholds_all_algos
 
 from .bias_correction import correct_bias, input_means
-from .calibrate import (
-    Calibration,
-    Target,
-    avg_pool_fixes,
-    calibrate,
-    find_targets,
-    residual_adds,
-    residual_output_pools,
-)
+from .calibrate import Calibration, calibrate
 from .data import feed_batches
 from .naming import output_names
 
@@ -81,12 +75,23 @@ class PostTrainingQuantization:
         onednn_fallback: bool = True,
         residual_add: bool = True,
         progress: bool = False,
+        *,
+        deploy_backend: str | None = None,
+        onnx_format: bool | None = None,
+        round_type: str = "round",
+        skip_tensor_list: Sequence[str] | None = None,
     ) -> None:
         if model_dir is None:
             raise ValueError("model_dir is required: the directory (or path prefix) of the float model")
         validate_choice("algo", algo, ALGO_CHOICES)
         validate_choice("activation_quantize_type", activation_quantize_type, ACTIVATION_QUANTIZE_TYPES)
         validate_choice("weight_quantize_type", weight_quantize_type, WEIGHT_QUANTIZE_TYPES[:2])
+        check_paddleslim_keywords(onnx_format, round_type)
+        self.target = get_target(deploy_backend)
+        self.deploy_backend = None if deploy_backend is None else self.target.name
+        if isinstance(self.target, OneDnnTarget) and not onednn_fallback:
+            self.target = OneDnnTarget(fallback=False)
+        self.skip_tensors = set(skip_tensor_list or ())
         self.weight_bits = validate_bits("weight_bits", weight_bits, 2, 16)
         self.activation_bits = validate_bits("activation_bits", activation_bits, 2, 16)
         self.algo = ALIASES.get(algo.lower(), algo.lower())
@@ -105,6 +110,9 @@ class PostTrainingQuantization:
         self.residual_add = residual_add
         self.progress = progress
         self.model = load_model(model_dir, model_filename, params_filename)
+        reason = self.target.accepts(self.model.source.model_file if self.model.source else "")
+        if self.deploy_backend is not None and reason is not None:
+            raise ConfigError(f"deploy_backend={deploy_backend!r}: {reason}")
         if executor is not None:
             self.model.executor = executor
         self._batches = lambda: feed_batches(
@@ -116,7 +124,6 @@ class PostTrainingQuantization:
             batch_nums=batch_nums,
         )
         self.graph: Graph | None = None
-        self.float_inputs: set[str] = set()  # activations whose readers stay float
         self.report: dict[str, Any] = {}
 
     def quantize(self) -> Any:
@@ -125,13 +132,10 @@ class PostTrainingQuantization:
         graph = open_graph(self.model)
         if self.optimize_model:
             graph.fold_conv_bn()
-        targets = find_targets(graph, self.op_types, self.skip_patterns)
-        if self.residual_add and "elementwise_add" not in self.op_types:
-            targets += residual_adds(graph, targets, self.skip_patterns)
-        if self.onednn_fallback:
-            targets += residual_output_pools(graph, targets)
-        pool_targets, self.float_inputs = avg_pool_fixes(graph, targets, keep_float=self.onednn_fallback)
-        targets += pool_targets
+        targets = self._targets(graph)
+        joins = self.residual_add and "elementwise_add" not in self.op_types  # else they are ordinary targets
+        extra, float_inputs = self.target.plan(graph, targets, self.skip_patterns, residual_add=joins)
+        targets += extra
         means = input_means(targets) if self.bias_correction else {}
         calibration = calibrate(graph, targets, self._batches(), progress=self.progress, channel_means=means)
         if self.cache_file is not None:
@@ -140,65 +144,75 @@ class PostTrainingQuantization:
             name: thresholds_all_algos(obs, self.activation_bits, self.hist_percent)
             for name, obs in calibration.observers.items()
         }
-        self.report = self._rewrite(graph, targets, candidates, calibration)
+        self.report = self._rewrite(graph, targets, float_inputs, candidates, calibration)
         self.report["calibration_seconds"] = round(time.perf_counter() - start, 3)
         self.graph = graph
         return graph.model.program
 
-    def _rewrite(
-        self, graph: Graph, targets: list[Target], candidates: dict[str, dict[str, float]], calibration: Calibration
-    ) -> dict[str, Any]:
-        layers = []
-        chosen = {name: algos[self.algo] for name, algos in candidates.items()}
-        deployed = deployed_thresholds(graph, chosen)  # oneDNN shares scales along some chains
-        rules = None
-        if self.onednn_fallback:
-            rules = Int8Deployment(graph, [a.name for t in targets for a in t.activations], self.float_inputs)
-        unsigned = rules.unsigned if rules else set()
-        float_ops: set[int] = set()
-        for target in targets:
-            entry: dict[str, Any] = {"op": target.op.seed_type, "scope": target.op.scope_name, "inputs": {}}
-            reason = rules.problem(target.op, self.weight_bits, self.per_channel) if rules else None
-            if reason is None and target.for_conv is not None and id(target.for_conv.raw) in float_ops:
-                reason = "quantized only for a conv that stays float (its residual add or the pool it feeds)"
-            if reason is not None:
-                float_ops.add(id(target.op.raw))
-                entry["left_float"] = reason
-                log.warning("%r left in float: %s", target.op, reason)
-                layers.append(entry)
+    def _targets(self, graph: Graph) -> list[OpTarget]:
+        """The ops of ``quantizable_op_type`` not skipped by pattern or by ``skip_tensor_list``."""
+        found = []
+        for target in find_targets(graph, self.op_types, self.skip_patterns):
+            if target.weight is not None and target.weight.name in self.skip_tensors:
                 continue
-            thresholds: Any = [deployed[a.name] for a in target.activations]  # by position: PIR names shift
-            if target.for_conv is not None:  # only the input the conv needs (legacy, where names are stable)
-                thresholds = {a.name: deployed[a.name] for a in target.activations}
-            done = quantize_op(graph, target.op, thresholds, weight_bits=self.weight_bits,
-                               activation_bits=self.activation_bits, per_channel=self.per_channel, unsigned=unsigned)
-            if target.runs_float:
-                graph.keep_float_in_onednn(target.op)
-                entry["runs_float"] = "its input is quantized for the residual conv writing it; the op runs float"
-            if done.weight is not None and target.weight is not None:
-                entry["weight"] = {"name": target.weight.name, "thresholds": done.weight.thresholds.round(6).tolist()}
-                if target.activations and target.activations[0].name in calibration.channel_means:
-                    entry["weight"]["bias_shift_max"] = correct_bias(
-                        graph, target, done.weight, calibration.channel_means[target.activations[0].name]
-                    )
-            for operand in target.activations:
-                every_algo = candidates[operand.name]
-                rounded = {k: round(v, 6) for k, v in every_algo.items()}
-                info = {"threshold": deployed[operand.name], "all_algos": rounded}
-                if operand.name in unsigned:
-                    info["unsigned"] = True  # oneDNN runs it as u8; the simulation does too
-                if deployed[operand.name] != chosen[operand.name]:
-                    info["own_threshold"] = chosen[operand.name]  # oneDNN runs it with another tensor's scale
-                if info["threshold"] <= 0:
-                    info["left_float"] = "activation was all zeros during calibration"
-                    log.warning("activation %s was all zeros during calibration; left in float", operand.name)
-                entry["inputs"][operand.name] = info
-            layers.append(entry)
-        if rules:  # what an int8 conv writes, all its readers see rounded
-            quantized = [t.op for t in targets if id(t.op.raw) not in float_ops]
-            rules.share_outputs(quantized, [n for e in layers for n, i in e["inputs"].items() if i["threshold"] > 0])
-        return {"algo": self.algo, "batches": calibration.batches, "samples": calibration.samples, "layers": layers,
-                "relus_written_as_leaky": rules.signed_relus if rules else []}
+            target.activations = [a for a in target.activations if a.name not in self.skip_tensors]
+            found.append(target)
+        return found
+
+    def _rewrite(
+        self,
+        graph: Graph,
+        targets: list[OpTarget],
+        float_inputs: set[str],
+        candidates: dict[str, dict[str, float]],
+        calibration: Calibration,
+    ) -> dict[str, Any]:
+        chosen = {name: algos[self.algo] for name, algos in candidates.items()}
+        rules = self.target.rules(graph, targets, float_inputs)
+        deployed = rules.thresholds(chosen)  # oneDNN shares scales along some chains
+        planned = [
+            Planned(t, {a.name: deployed[a.name] for a in t.activations} if t.for_conv is not None
+                    else [deployed[a.name] for a in t.activations],  # by position: PIR names shift
+                    per_channel=self.per_channel)
+            for t in targets
+        ]  # fmt: skip
+        applied = apply_rules(graph, rules, planned, weight_bits=self.weight_bits, activation_bits=self.activation_bits)
+        layers = [self._layer_report(graph, a, candidates, chosen, deployed, rules.unsigned, calibration)
+                  for a in applied]
+        return {"algo": self.algo, "deploy_backend": self.target.name if self.deploy_backend else None,
+                "batches": calibration.batches, "samples": calibration.samples, "layers": layers,
+                **rules.rewrites}
+
+    def _layer_report(self, graph: Graph, applied: Applied, candidates: dict[str, dict[str, float]],
+                      chosen: dict[str, float], deployed: dict[str, float], unsigned: set[str],
+                      calibration: Calibration) -> dict[str, Any]:
+        target = applied.planned.target
+        entry: dict[str, Any] = {"op": target.op.seed_type, "scope": target.op.scope_name, "inputs": {}}
+        if applied.left_float is not None:
+            entry["left_float"] = applied.left_float
+            return entry
+        done = applied.done
+        assert done is not None
+        if target.runs_float:
+            entry["runs_float"] = RUNS_FLOAT_NOTE
+        if done.weight is not None and target.weight is not None:
+            entry["weight"] = {"name": target.weight.name, "thresholds": done.weight.thresholds.round(6).tolist()}
+            if target.activations and target.activations[0].name in calibration.channel_means:
+                entry["weight"]["bias_shift_max"] = correct_bias(
+                    graph, target, done.weight, calibration.channel_means[target.activations[0].name]
+                )
+        for operand in target.activations:
+            info: dict[str, Any] = {"threshold": deployed[operand.name],
+                                    "all_algos": {k: round(v, 6) for k, v in candidates[operand.name].items()}}
+            if operand.name in unsigned:
+                info["unsigned"] = True  # oneDNN runs it as u8; the simulation does too
+            if deployed[operand.name] != chosen[operand.name]:
+                info["own_threshold"] = chosen[operand.name]  # oneDNN runs it with another tensor's scale
+            if info["threshold"] <= 0:
+                info["left_float"] = "activation was all zeros during calibration"
+                log.warning("activation %s was all zeros during calibration; left in float", operand.name)
+            entry["inputs"][operand.name] = info
+        return entry
 
     def _checkpoint(self, calibration: Calibration) -> None:
         assert self.cache_file is not None
@@ -257,6 +271,10 @@ def quant_post_static(
     onednn_fallback: bool = True,
     residual_add: bool = True,
     progress: bool = False,
+    deploy_backend: str | None = None,
+    onnx_format: bool | None = None,
+    round_type: str = "round",
+    skip_tensor_list: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Quantize the model in ``model_dir`` with calibration data and save it.
 
@@ -272,6 +290,8 @@ def quant_post_static(
         optimize_model=optimize_model, is_use_cache_file=is_use_cache_file, cache_dir=cache_dir,
         skip_patterns=skip_patterns, bias_correction=bias_correction,
         onednn_fallback=onednn_fallback, residual_add=residual_add, progress=progress,
+        deploy_backend=deploy_backend, onnx_format=onnx_format, round_type=round_type,
+        skip_tensor_list=skip_tensor_list,
     )
     ptq.quantize()
     ptq.save_quantized_model(quantize_model_path, save_model_filename, save_params_filename)

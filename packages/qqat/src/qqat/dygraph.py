@@ -22,10 +22,11 @@ import paddle
 from paddle import nn
 
 from qcore.config import QuantConfig
+from qcore.deploy import DeployTarget, OpTarget, get_target
+from qcore.deploy.apply import Planned, apply_rules
 from qcore.errors import ConfigError, QuantError
-from qcore.graph import Graph, OpRef, open_graph, quantize_op
+from qcore.graph import Graph, OpRef, open_graph
 from qcore.model_io import ModelFiles, load_model
-from qcore.onednn import Int8Deployment, clipping_avg_pools
 from qcore.paddle_env import FAMILIES
 
 from .config import dygraph_config
@@ -80,6 +81,7 @@ class QAT:
         *,
         family: Literal["pir", "legacy"] = "pir",
         fold_bn: bool | None = None,
+        deploy_backend: str | None = None,
     ) -> ModelFiles:
         """Export ``model`` with its learned scales in the deployable QDQ form.
 
@@ -88,13 +90,21 @@ class QAT:
         int8-stored weights that Paddle Inference runs with oneDNN int8 kernels). Conv +
         batch_norm pairs are folded when every weight is quantized per channel (``fold_bn=None``;
         folding is then exact); the file is written atomically. The model is not changed.
-        In the legacy family, a layer whose int8 weight Paddle Inference's oneDNN path would run
-        wrongly (see :func:`qcore.onednn.int8_problem`: its weight, an average pool it reads that the
-        int8 kernel would clip, a residual add fused into it) stays float; ``self.left_float`` lists
-        them with the reason.
+        ``deploy_backend`` (None, ``"onednn"``, ``"openvino"``, ``"tensorrt"``, ``"native"``) shapes the
+        export for that runtime (:mod:`qcore.deploy`); the default applies oneDNN's rules, correct on every
+        backend: in the legacy family, a layer whose int8 weight Paddle Inference's oneDNN path would run
+        wrongly (see :func:`qcore.deploy.onednn.int8_problem`: its weight, an average pool it reads that the
+        int8 kernel would clip, a residual add fused into it) stays float. ``self.left_float`` lists
+        the layers left float with the rule that kept them.
         """
+        target = get_target(deploy_backend)
         if family not in FAMILIES:
             raise ConfigError(f"family={family!r} is not valid; valid choices: 'pir', 'legacy'")
+        reason = target.accepts(Path(path).name + (".json" if family == "pir" else ".pdmodel"))
+        if deploy_backend is not None and reason is not None:
+            raise ConfigError(
+                f"deploy_backend={deploy_backend!r} with family={family!r}: {reason}; pass family='legacy'"
+            )
         wrapped = quanted_layers(model)
         if not wrapped:
             raise QuantError("the model has no quantized layer; call QAT(config).quantize(model) and train first")
@@ -109,37 +119,26 @@ class QAT:
             targets = _match_ops(graph, wrapped)
             if fold:
                 graph.fold_conv_bn()
-            self.left_float = self._quantize_ops(graph, targets, fold)
+            self.left_float = self._quantize_ops(graph, targets, fold, target)
             suffix = ".json" if family == "pir" else ".pdmodel"
             return graph.save(prefix.parent, prefix.name + suffix, prefix.name + ".pdiparams")
 
-    def _quantize_ops(self, graph: Graph, targets: list[tuple[QuantedLayer, OpRef]], fold: bool) -> dict[str, str]:
-        """Rewrite each matched op with its layer's learned scales; returns the weights left float, with why.
-
-        Legacy graphs are made to simulate what Paddle Inference's oneDNN int8 path runs (unsigned
-        relu outputs, int8 outputs every reader sees), get relus written as ``leaky_relu(alpha=0)``
-        where a residual conv needs a signed output, and keep float what it would run wrongly.
-        """
-        read = [a.name for _, op in targets for a in graph.activation_operands(op)]
-        rules = Int8Deployment(graph, read, {pool.scale_from for pool in clipping_avg_pools(graph, read)})
-        left_float: dict[str, str] = {}
-        quantized, written = [], []
-        for layer, op in targets:
-            reason = rules.problem(op, self.config.weight_bits, layer.per_channel)
-            if reason is not None:  # legacy only: Paddle Inference would run it wrongly in int8
-                left_float[layer.layer.weight.name] = reason
-                log.warning("%s left in float in the export: %s", layer.layer.weight.name, reason)
-                continue
-            done = quantize_op(
-                graph, op, layer.activation_threshold(),
-                weight_bits=self.config.weight_bits, activation_bits=self.config.activation_bits,
-                per_channel=layer.per_channel, weight_thresholds=None if fold else layer.weight_thresholds(),
-                unsigned=rules.unsigned,
-            )  # fmt: skip
-            quantized.append(op)
-            written += done.activations
-        rules.share_outputs(quantized, written)
-        return left_float
+    def _quantize_ops(
+        self, graph: Graph, targets: list[tuple[QuantedLayer, OpRef]], fold: bool, target: DeployTarget
+    ) -> dict[str, str]:
+        """Rewrite each matched op with its layer's learned scales through ``target``'s rules
+        (:func:`qcore.deploy.apply.apply_rules`, as post-training quantization does); returns the
+        weights left float, with the rule that kept each."""
+        ops = [OpTarget(op, graph.weight_operand(op), graph.activation_operands(op)) for _, op in targets]
+        _, float_inputs = target.plan(graph, ops, calibrated=False)
+        planned = [
+            Planned(op_target, layer.activation_threshold(), per_channel=layer.per_channel,
+                    weight_thresholds=None if fold else layer.weight_thresholds())
+            for (layer, _), op_target in zip(targets, ops)
+        ]  # fmt: skip
+        applied = apply_rules(graph, target.rules(graph, ops, float_inputs), planned,
+                              weight_bits=self.config.weight_bits, activation_bits=self.config.activation_bits)
+        return {layer.layer.weight.name: a.left_float for (layer, _), a in zip(targets, applied) if a.left_float}
 
 
 @contextlib.contextmanager

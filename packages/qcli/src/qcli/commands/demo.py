@@ -26,8 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _evaluate(files: ModelFiles, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
-    predictor = create_predictor(files)  # oneDNN + int8 switch, 2 threads
+def _evaluate(files: ModelFiles, x: np.ndarray, y: np.ndarray, backend: str = "onednn") -> dict[str, float]:
+    predictor = create_predictor(files, backend=backend)  # 2 threads
     batch = x[:8]
     run_predictor(predictor, {"image": batch})
     start = time.perf_counter()
@@ -36,7 +36,7 @@ def _evaluate(files: ModelFiles, x: np.ndarray, y: np.ndarray) -> dict[str, floa
     latency = (time.perf_counter() - start) / 20 * 1000
     return {
         "executor": top1(executor_outputs(files, "image", x), y),
-        "inference": top1(deployed_outputs(files, "image", x), y),
+        "inference": top1(deployed_outputs(files, "image", x, backend), y),
         "latency": latency,
         "params": files.params_bytes / 1024,
     }

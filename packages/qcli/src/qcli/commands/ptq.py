@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from qcore.deploy import BACKEND_NAMES
+from qcore.deploy.verify import markdown_table, verify
 from qcore.errors import DataError
 from qcore.model_io import ModelFiles, find_model_files, load_model
 
@@ -57,6 +59,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     static.set_defaults(run=run_static)
 
 
+CPU_BACKENDS = ("onednn", "openvino", "native")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", type=Path, help="model directory, path prefix or model file (PIR .json or legacy)")
     p.add_argument("out", type=Path, help="directory for the quantized model (replaced atomically)")
@@ -65,6 +70,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", type=Path, default=None, help="write a JSON report here (default OUT.report.json)")
     p.add_argument("--eval-data", type=Path, default=None, help=".npy inputs to score float vs int8 on")
     p.add_argument("--eval-labels", type=Path, default=None, help=".npy integer labels for --eval-data (top-1)")
+    p.add_argument("--backend", default=None, choices=BACKEND_NAMES,
+                   help="quantize for this runtime (deploy_backend) and verify there (default: oneDNN's rules, "
+                        "correct on every backend, verified on each CPU backend)")
 
 
 def run_dynamic(args: argparse.Namespace) -> int:
@@ -74,6 +82,7 @@ def run_dynamic(args: argparse.Namespace) -> int:
     files = qptq.quant_post_dynamic(
         args.model, args.out, args.model_filename, args.params_filename,
         quantizable_op_type=args.op_types, weight_bits=args.weight_bits, generate_test_model=args.test_model,
+        deploy_backend=args.backend,
     )
     report = {"method": "dynamic", "weight_bits": args.weight_bits, "op_types": args.op_types}
     return _finish(args, source, files, report, time.perf_counter() - start)
@@ -93,7 +102,7 @@ def run_static(args: argparse.Namespace) -> int:
         weight_bits=args.weight_bits, activation_bits=args.activation_bits,
         weight_quantize_type=args.weight_quantize_type, optimize_model=not args.no_fold_bn,
         hist_percent=args.hist_percent, skip_patterns=args.skip_pattern, bias_correction=args.bias_correction,
-        progress=True, **options,
+        progress=True, deploy_backend=args.backend, **options,
     )
     report = {"method": "static", **ptq_report}
     return _finish(args, source, find_model_files(args.out), report, time.perf_counter() - start)
@@ -112,7 +121,10 @@ def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, repor
         },
     }
     if args.eval_data is not None:
-        report["accuracy"] = _accuracy(source, out, args.eval_data, args.eval_labels)
+        report["accuracy"] = _accuracy(source, out, args.eval_data, args.eval_labels, args.backend)
+    feed = {load_model(source).feed_names[0]: np.load(args.eval_data)[:8]} if args.eval_data else _random_feed(source)
+    if feed is not None:
+        report["verified"] = verify(source, out, feed, [args.backend] if args.backend else CPU_BACKENDS)
     path = args.report or args.out.with_name(args.out.name + ".report.json")
     path.write_text(json.dumps(report, indent=1))
     sizes = report["sizes"]
@@ -120,13 +132,27 @@ def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, repor
           f"{sizes['quantized_params_bytes']:,} bytes ({sizes['ratio']:.2f}x); report: {path}")
     for name, value in report.get("accuracy", {}).items():
         print(f"  {name}: {value:.2f}")
+    if "verified" in report:
+        print(markdown_table(report["verified"]))
     return 0
 
 
-def _accuracy(source: ModelFiles, out: ModelFiles, data: Path, labels: Path | None) -> dict[str, float]:
+def _random_feed(files: ModelFiles) -> dict[str, np.ndarray] | None:
+    """Eight standard-normal samples for a one-input model of fixed sample shape, else None."""
+    specs = load_model(files).feed_specs()
+    if len(specs) != 1:
+        return None
+    name, (shape, dtype) = next(iter(specs.items()))
+    if any(d < 0 for d in shape[1:]):
+        return None
+    return {name: np.random.default_rng(0).standard_normal((8, *shape[1:])).astype(dtype)}
+
+
+def _accuracy(source: ModelFiles, out: ModelFiles, data: Path, labels: Path | None,
+              backend: str | None) -> dict[str, float]:
     x = np.load(data)
     feed = load_model(source).feed_names[0]
-    float_out, int8_out = deployed_outputs(source, feed, x), deployed_outputs(out, feed, x)
+    float_out, int8_out = deployed_outputs(source, feed, x, backend), deployed_outputs(out, feed, x, backend)
     result = {
         "agreement_deployed": agreement(float_out, int8_out),
         "agreement_simulated": agreement(float_out, executor_outputs(out, feed, x)),

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from qcore.demo import demo_model_dir, load_demo_data
+from qcore.deploy import BACKEND_NAMES
 from qcore.model_io import find_model_files
 
 from ..plugins import require
@@ -28,6 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pact", action="store_true", help="PACT on activations (activation_preprocess_type='PACT')")
     p.add_argument("--config", type=Path, default=None, help="a JSON file with a dygraph QAT config dict")
     p.add_argument("--family", choices=["legacy", "pir"], default="legacy", help="IR family of the saved model")
+    p.add_argument("--backend", default=None, choices=BACKEND_NAMES,
+                   help="export for this runtime (deploy_backend) and score the int8 model there")
     p.add_argument("--out", type=Path, default=None, help="where to keep the int8 model (default: a temp dir)")
     p.set_defaults(run=run)
 
@@ -43,13 +46,16 @@ def run(args: argparse.Namespace) -> int:
     qat, net, seconds = finetune_demo(config, args.steps, lr=args.lr)
     simulated = float((predict_dygraph(net, x).argmax(1) == y).mean() * 100)
     out = args.out or Path(tempfile.mkdtemp(prefix="qcli-qat-")) / "int8"
-    files = qat.save_quantized_model(net, out / "inference", DEMO_INPUT_SPEC, family=args.family)
+    files = qat.save_quantized_model(net, out / "inference", DEMO_INPUT_SPEC, family=args.family,
+                                     deploy_backend=args.backend)
+    backend = args.backend or "onednn"
     rows = {
-        "float": _evaluate(find_model_files(demo_model_dir(args.family)), x, y),
-        "int8 (QAT" + (" + PACT)" if args.pact else ")"): _evaluate(files, x, y),
+        "float": _evaluate(find_model_files(demo_model_dir(args.family)), x, y, backend),
+        "int8 (QAT" + (" + PACT)" if args.pact else ")"): _evaluate(files, x, y, backend),
     }
     print(f"\nFashion-MNIST demo CNN, {args.steps} QAT steps in {seconds:.0f} s, QAT model top-1 {simulated:.2f} %, "
-          f"{args.family} family, {len(x)} test images, int8 model in {files.directory}\n")
+          f"{args.family} family, {len(x)} test images, paddle.inference on {backend}, "
+          f"int8 model in {files.directory}\n")
     print("| model | top-1 executor (%) | top-1 paddle.inference (%) | latency b=8 (ms) | params file (KiB) |")
     print("|---|---:|---:|---:|---:|")
     for name, r in rows.items():

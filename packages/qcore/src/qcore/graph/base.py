@@ -196,7 +196,7 @@ class Graph(ABC):
         ``threshold`` is the clipping value (scale = threshold / (2**(bits-1)-1)). A tensor
         read by several ops gets one QDQ pair that all of them share. ``unsigned`` (legacy
         only, for tensors that are never negative) simulates the unsigned codes ``0..2**bits-1``
-        oneDNN runs such tensors with (:func:`qcore.onednn.unsigned_activations`); the stored
+        oneDNN runs such tensors with (:func:`qcore.deploy.onednn.unsigned_activations`); the stored
         ``bit_length`` and scale stay those of the signed form, which is what deploys.
         """
         if not np.isfinite(threshold) or threshold <= 0:
@@ -215,7 +215,7 @@ class Graph(ABC):
     def read_qdq_everywhere(self, name: str) -> None:
         """Make every op reading activation ``name`` (model outputs aside) read its QDQ copy.
 
-        Paddle Inference does this when an int8 op writes ``name`` (:func:`qcore.onednn.int8_written`):
+        Paddle Inference does this when an int8 op writes ``name`` (:func:`qcore.deploy.onednn.int8_written`):
         its float readers get the dequantized int8 values too. Legacy programs only.
         """
         if name not in self._act_qdq:
@@ -229,7 +229,7 @@ class Graph(ABC):
     def write_relu_as_leaky(self, op: OpRef) -> None:
         """Make ``relu`` op ``op`` a ``leaky_relu`` with ``alpha=0``: the same values, written signed by oneDNN.
 
-        See :func:`qcore.onednn.align_residual_signs`. Legacy programs only.
+        See :func:`qcore.deploy.onednn.align_residual_signs`. Legacy programs only.
         """
         if op.type != "relu":
             raise GraphError(f"{op!r} is not a relu; only relu ops can be written as leaky_relu(alpha=0)")

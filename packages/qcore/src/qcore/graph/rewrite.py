@@ -35,6 +35,7 @@ def quantize_op(
     per_channel: bool = True,
     weight_thresholds: np.ndarray | float | None = None,
     unsigned: Collection[str] = (),
+    float_dequant: bool = False,
 ) -> OpQuantization:
     """Quantize ``op``'s weight (if it has one) and insert QDQ on its activation inputs.
 
@@ -45,14 +46,15 @@ def quantize_op(
     An activation whose threshold is not positive (it was
     all zeros) stays float and is listed in ``left_float``. ``weight_thresholds`` defaults to
     the weight's abs max, per output channel when ``per_channel``. Activations named in
-    ``unsigned`` get the unsigned QDQ of :meth:`Graph.insert_act_qdq`.
+    ``unsigned`` get the unsigned QDQ of :meth:`Graph.insert_act_qdq`; ``float_dequant`` reads the
+    weight through cast -> multiply (:meth:`Graph.quantize_weight`).
     """
     result = OpQuantization()
     activations = graph.activation_operands(op)
     weight = graph.weight_operand(op)
     if weight is not None:
         axis = graph.weight_channel_axis(op) if per_channel else None
-        result.weight = graph.quantize_weight(weight, weight_bits, axis, weight_thresholds)
+        result.weight = graph.quantize_weight(weight, weight_bits, axis, weight_thresholds, float_dequant)
     for index, operand in enumerate(activations):
         if isinstance(act_thresholds, Mapping):
             threshold = float(act_thresholds.get(operand.name, 0.0))

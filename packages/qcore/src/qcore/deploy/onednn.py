@@ -24,8 +24,8 @@ Convolution weights (``[C_out, ...]``, runs = rows) are not affected.
 Activations: relu outputs run unsigned (:func:`unsigned_activations`); residual adds are computed
 inside a conv (:func:`residual_fusions`), which must see a residual of its output's sign
 (:func:`align_residual_signs`) and scales on both (:func:`float_residual_convs`); an int8 conv's
-output is rounded for every reader (:func:`share_int8_outputs`). :class:`Int8Deployment` bundles
-these rules for a quantizer.
+output is rounded for every reader (:func:`share_int8_outputs`). :class:`OneDnnRules` bundles
+these rules for a quantizer; :class:`OneDnnTarget` is the deployment target.
 """
 
 from __future__ import annotations
@@ -36,10 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .quant import abs_max, fake_quantize
+from ..quant import abs_max, fake_quantize
+from .base import DeployTarget, ModelRules, OpTarget, residual_joins
 
 if TYPE_CHECKING:
-    from .graph import Graph, OpRef
+    from paddle import inference
+
+    from ..graph import Graph, OpRef
 
 
 def deployed_fc_weight(weight: np.ndarray) -> np.ndarray:
@@ -482,7 +485,15 @@ def int8_problem(
     return reason
 
 
-class Int8Deployment:
+class OneDnnScales(ModelRules):
+    """What oneDNN's int8 path always does: run QDQ'd tensors with the scales it propagates
+    (:func:`deployed_thresholds`). The rules with ``OneDnnTarget(fallback=False)``."""
+
+    def thresholds(self, chosen: Mapping[str, float]) -> dict[str, float]:
+        return deployed_thresholds(self.graph, chosen)
+
+
+class OneDnnRules(OneDnnScales):
     """The oneDNN int8 rules for one graph about to be quantized, worked out once.
 
     Creating it writes relus signed where residual convs need it (:func:`align_residual_signs`).
@@ -491,17 +502,112 @@ class Int8Deployment:
     (``float_inputs``: what global average pools take their scale from). Empty rules for PIR.
     """
 
-    def __init__(self, graph: Graph, quantized_inputs: Iterable[str], float_inputs: Iterable[str] = ()) -> None:
-        self.graph = graph
-        self.signed_relus = align_residual_signs(graph)
+    def __init__(self, target: OneDnnTarget, graph: Graph, quantized_inputs: Iterable[str],
+                 float_inputs: Iterable[str] = ()) -> None:
+        super().__init__(target, graph)
+        self.rewrites["relus_written_as_leaky"] = align_residual_signs(graph)
         self.unsigned = unsigned_activations(graph)
         self.float_convs = float_residual_convs(graph, quantized_inputs)
         self.float_inputs = set(float_inputs)
 
     def problem(self, op: OpRef, bits: int, per_channel: bool) -> str | None:
-        """Why ``op`` should stay float (:func:`int8_problem`), or None."""
-        return int8_problem(self.graph, op, bits, per_channel, self.float_inputs, self.float_convs)
+        reason = int8_problem(self.graph, op, bits, per_channel, self.float_inputs, self.float_convs)
+        return None if reason is None else f"{self.target.name}: {reason}"
 
-    def share_outputs(self, quantized: Iterable[OpRef], activations: Iterable[str]) -> set[str]:
-        """Once the QDQ ops are in: :func:`share_int8_outputs`."""
-        return share_int8_outputs(self.graph, quantized, activations)
+    def keep_float(self, op: OpRef) -> None:
+        self.graph.keep_float_in_onednn(op)
+
+    def finish(self, quantized: list[OpRef], activations: list[str]) -> None:
+        share_int8_outputs(self.graph, quantized, activations)
+
+
+class OneDnnTarget(DeployTarget):
+    """Paddle Inference on CPU with ``enable_onednn()`` + ``enable_onednn_int8()`` (legacy programs).
+
+    ``fallback=False`` skips the graph-dependent rules above (nothing left float, no relu
+    rewritten): the output then shows what Paddle 3.3.1's passes do unaided. ``int8_kernels=False``
+    builds predictors with oneDNN's float kernels only (the float baseline; a QDQ model then runs
+    its quantize ops in float and is slower than the float model).
+    """
+
+    name = "onednn"
+    aliases = ("mkldnn",)
+    runtime = "Paddle Inference, oneDNN int8 passes (CPU)"
+    int8_ops = frozenset({
+        "conv2d", "depthwise_conv2d", "mul", "matmul", "matmul_v2", "elementwise_add", "pool2d", "concat",
+        "transpose", "reshape2", "slice", "nearest_interp", "bilinear_interp",
+    })
+    float_ops = INT8_WEIGHT_UNSUPPORTED
+    int8_families = ("legacy",)  # Paddle 3.3.1 has no PIR oneDNN int8 pass
+    residual_adds = "fused"
+
+    def __init__(self, fallback: bool = True, int8_kernels: bool = True) -> None:
+        self.fallback = fallback
+        self.int8_kernels = int8_kernels
+
+    def op_problem(self, op: OpRef, family: str) -> str | None:
+        return None  # the op-level rules depend on the graph: :class:`OneDnnRules`
+
+    def plan(self, graph: Graph, targets: list[OpTarget], skip_patterns: Iterable[str] = (), *,
+             residual_add: bool = True, calibrated: bool = True) -> tuple[list[OpTarget], set[str]]:
+        """Legacy programs: the residual input of each add oneDNN fuses into a conv of ``targets``
+        (its scale keeps the fused conv int8), the pools whose input gives the last residual conv its
+        output scale, and the input of average pools that would clip (:func:`clipping_avg_pools`);
+        the readers of global ones stay float instead. PIR: both inputs of every residual join."""
+        if graph.family != "legacy":
+            return (residual_joins(graph, skip_patterns) if residual_add and calibrated else []), set()
+        read = [a.name for t in targets for a in t.activations]
+        if not calibrated:
+            return [], {pool.scale_from for pool in clipping_avg_pools(graph, read)}
+        extra = _fused_residual_inputs(graph, targets, skip_patterns) if residual_add else []
+        if self.fallback:
+            extra += _residual_output_pools(graph, targets + extra)
+        read = {a.name for t in targets + extra for a in t.activations}
+        pools = clipping_avg_pools(graph, read)
+        kept_float = [p for p in pools if p.is_global and self.fallback]
+        extra += [OpTarget(p.op, None, graph.activation_operands(p.op)) for p in pools if p not in kept_float]
+        return extra, {p.scale_from for p in kept_float}
+
+    def rules(self, graph: Graph, targets: list[OpTarget], float_inputs: Iterable[str] = ()) -> ModelRules:
+        if not self.fallback:
+            return OneDnnScales(self, graph)
+        return OneDnnRules(self, graph, [a.name for t in targets for a in t.activations], float_inputs)
+
+    def configure(self, config: inference.Config, threads: int) -> None:
+        config.disable_gpu()
+        config.set_cpu_math_library_num_threads(threads)
+        config.enable_onednn()
+        if self.int8_kernels:
+            config.enable_onednn_int8()
+
+
+def _fused_residual_inputs(graph: Graph, targets: list[OpTarget], skip_patterns: Iterable[str]) -> list[OpTarget]:
+    """The residual input of each add :func:`residual_fusions` computes inside a conv of ``targets``.
+
+    oneDNN never rounds the conv's own output and runs other adds in float, so quantizing more
+    would only make the simulation differ from what deploys.
+    """
+    by_op = {id(t.op.raw): t for t in residual_joins(graph, skip_patterns)}
+    convs = {id(t.op.raw) for t in targets}
+    return [
+        OpTarget(fusion.add, None, [a for a in by_op[id(fusion.add.raw)].activations if a.name == fusion.residual],
+                 for_conv=fusion.conv)
+        for fusion in residual_fusions(graph)
+        if id(fusion.add.raw) in by_op and id(fusion.conv.raw) in convs
+    ]  # fmt: skip
+
+
+def _residual_output_pools(graph: Graph, targets: list[OpTarget]) -> list[OpTarget]:
+    """The pools whose input to quantize so the fused residual convs of ``targets`` writing it run int8
+    (:func:`pooled_residual_outputs`); the pools themselves run float."""
+    convs = {id(t.op.raw) for t in targets}
+    read = [a.name for t in targets for a in t.activations]
+    return [
+        OpTarget(pool, None, graph.activation_operands(pool), for_conv=found.fusion.conv, runs_float=True)
+        for found in pooled_residual_outputs(graph, read)
+        if id(found.fusion.conv.raw) in convs
+        for pool in found.pools
+    ]
+
+
+TARGET = OneDnnTarget()

@@ -1,0 +1,64 @@
+"""``qcli bench MODEL [INT8_MODEL]``: latency and agreement of a model, float vs int8, per backend."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from qcore.deploy import BACKEND_NAMES
+from qcore.deploy.verify import markdown_table, verify
+from qcore.errors import ConfigError, DataError
+from qcore.model_io import ModelFiles, find_model_files, load_model
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="latency and agreement, float vs int8, on each deployment backend")
+    p.add_argument("model", type=Path, help="the float model (directory, prefix or model file)")
+    p.add_argument("int8_model", type=Path, nargs="?", default=None,
+                   help="its quantized version (default: the float model against itself)")
+    p.add_argument("--backends", default="onednn,openvino", help=f"comma-separated, from: {', '.join(BACKEND_NAMES)}")
+    p.add_argument("--batch", default="1,8", help="comma-separated batch sizes")
+    p.add_argument("--data", type=Path, default=None,
+                   help=".npy inputs (default: standard normal of the model's shape)")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    source = find_model_files(args.model)
+    int8 = find_model_files(args.int8_model) if args.int8_model else source
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    for name in backends:
+        if name.lower() not in BACKEND_NAMES:
+            raise ConfigError(f"unknown backend {name!r}; valid: {', '.join(BACKEND_NAMES)}")
+    results = {}
+    for batch in (int(b) for b in args.batch.split(",")):
+        feed = _feed(source, args.data, batch)
+        results[f"batch {batch}"] = verify(source, int8, feed, backends, repeats=args.repeats, threads=args.threads)
+        print(f"\n{int8.model_file} vs {source.model_file}, batch {batch}, {args.threads} threads, "
+              f"median of {args.repeats} interleaved runs\n")
+        print(markdown_table(results[f"batch {batch}"]))
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def _feed(files: ModelFiles, data: Path | None, batch: int) -> dict[str, np.ndarray]:
+    specs = load_model(files).feed_specs()
+    if data is not None:
+        x = np.load(data)
+        if len(specs) != 1 or len(x) < batch:
+            raise DataError(f"--data {data} must hold at least {batch} samples for a one-input model")
+        return {next(iter(specs)): x[:batch]}
+    rng = np.random.default_rng(0)
+    feed = {}
+    for name, (shape, dtype) in specs.items():
+        if any(d < 0 for d in shape[1:]):
+            raise DataError(f"input {name!r} has free dimensions {shape}; pass --data with real inputs")
+        feed[name] = rng.standard_normal((batch, *shape[1:])).astype(dtype)
+    return feed

@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qcli.main import main
+from qcore.demo import demo_model_dir
+from qcore.errors import ConfigError
+
+
+def test_bench_prints_and_writes_a_row_per_backend_and_batch(tmp_path, capsys):
+    out = tmp_path / "int8"
+    assert main(["ptq", "dynamic", str(demo_model_dir("legacy")), str(out)]) == 0
+    capsys.readouterr()
+    assert main(["bench", str(demo_model_dir("legacy")), str(out), "--backends", "onednn,openvino,tensorrt",
+                 "--batch", "1,4", "--repeats", "3", "--json", str(tmp_path / "b.json")]) == 0
+    results = json.loads((tmp_path / "b.json").read_text())
+    assert list(results) == ["batch 1", "batch 4"]
+    for rows in results.values():
+        assert "no CUDA" in rows["tensorrt"]["unavailable"]
+        for backend in ("onednn", "openvino"):
+            row = rows[backend]
+            assert row["float_ms"] > 0 and row["int8_ms"] > 0 and row["agreement_with_float"] >= 75
+            assert row["int8_vs_float"] < 0.1  # weight-only int8
+    assert capsys.readouterr().out.count("| openvino |") == 2
+
+
+def test_bench_refuses_an_unknown_backend():
+    with pytest.raises(ConfigError, match="unknown backend 'onnx'"):
+        main(["bench", str(demo_model_dir("legacy")), "--backends", "onnx"])

@@ -1,0 +1,51 @@
+"""Deployment targets: one module per runtime a quantized model is made for and verified on.
+
+========== ============================================== ==============================
+name       runtime                                        int8 kernels for
+========== ============================================== ==============================
+onednn     Paddle Inference + oneDNN int8 passes (CPU)    legacy programs
+openvino   Paddle Inference's bundled OpenVINO engine     legacy programs
+tensorrt   Paddle Inference's TensorRT engine (GPU)       legacy and PIR (not run here)
+native     Paddle's float kernels (reference)             nothing: exact simulation
+========== ============================================== ==============================
+
+``get_target(None)`` is the default of every quantizer: oneDNN's rules, whose output is also
+correct on every other runtime (it only keeps a few more layers float than OpenVINO needs).
+"""
+
+from __future__ import annotations
+
+from ..errors import ConfigError, did_you_mean
+from . import native, onednn, openvino, tensorrt
+from .base import DeployTarget, ModelRules, OpTarget, find_targets
+
+TARGETS: dict[str, DeployTarget] = {t.name: t for t in (onednn.TARGET, openvino.TARGET, tensorrt.TARGET, native.TARGET)}
+_BY_NAME = {alias: t for t in TARGETS.values() for alias in (t.name, *t.aliases)}
+#: The backend names ``deploy_backend`` / ``backend`` accept (aliases included).
+BACKEND_NAMES = tuple(_BY_NAME)
+
+
+def get_target(name: str | DeployTarget | None) -> DeployTarget:
+    """The target called ``name`` (case-insensitive, aliases such as ``mkldnn`` included);
+    None gives the default (oneDNN's rules, correct everywhere)."""
+    if isinstance(name, DeployTarget):
+        return name
+    if name is None:
+        return onednn.TARGET
+    key = str(name).lower()
+    if key not in _BY_NAME:
+        raise ConfigError(
+            f"unknown deploy backend {name!r}{did_you_mean(key, _BY_NAME)}; valid: {', '.join(BACKEND_NAMES)}"
+        )
+    return _BY_NAME[key]
+
+
+def available_targets() -> list[DeployTarget]:
+    """The targets that can run on this machine and Paddle build (tensorrt needs a GPU)."""
+    return [t for t in TARGETS.values() if t.unavailable() is None]
+
+
+__all__ = [
+    "BACKEND_NAMES", "TARGETS", "DeployTarget", "ModelRules", "OpTarget", "available_targets", "find_targets",
+    "get_target",
+]

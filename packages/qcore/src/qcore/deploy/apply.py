@@ -1,0 +1,75 @@
+"""The one loop that puts a quantized model in the form a deployment target runs.
+
+Post-training quantization (thresholds from calibration) and the QAT export (thresholds
+learned in training) both end here: for every planned op, ask the target's
+:class:`~qcore.deploy.base.ModelRules` whether it stays float, otherwise store its weight as
+integer codes and put QDQ on its activations (:func:`qcore.graph.quantize_op`); then let the
+rules finish the graph (e.g. the oneDNN simulation of int8 outputs).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..graph import Graph, OpQuantization, quantize_op
+from .base import ModelRules, OpTarget
+
+log = logging.getLogger(__name__)
+
+#: Why an op quantized only for a conv (its fused residual add, the pool it feeds) stays float with it.
+FOR_FLOAT_CONV_REASON = "quantized only for a conv that stays float (its residual add or the pool it feeds)"
+#: Report text for :attr:`OpTarget.runs_float` ops.
+RUNS_FLOAT_NOTE = "its input is quantized for the op writing it; the runtime runs this op float"
+
+
+@dataclass
+class Planned:
+    """One op to rewrite and the thresholds to rewrite it with."""
+
+    target: OpTarget
+    # by activation name, by position in ``Graph.activation_operands`` (PIR names shift), or one for all
+    act_thresholds: Mapping[str, float] | Sequence[float] | float
+    per_channel: bool = True
+    weight_thresholds: np.ndarray | None = None  # None: the weight's abs max
+
+
+@dataclass
+class Applied:
+    """What :func:`apply_rules` did with one :class:`Planned` op."""
+
+    planned: Planned
+    left_float: str | None = None  # the rule that kept it float
+    done: OpQuantization | None = None
+
+
+def apply_rules(
+    graph: Graph, rules: ModelRules, planned: Sequence[Planned], *, weight_bits: int = 8, activation_bits: int = 8
+) -> list[Applied]:
+    """Quantize every ``planned`` op the ``rules`` let run int8; returns what happened to each, in order."""
+    float_ops: set[int] = set()
+    results = []
+    for item in planned:
+        target = item.target
+        reason = rules.problem(target.op, weight_bits, item.per_channel)
+        if reason is None and target.for_conv is not None and id(target.for_conv.raw) in float_ops:
+            reason = FOR_FLOAT_CONV_REASON
+        if reason is not None:
+            float_ops.add(id(target.op.raw))
+            log.warning("%r left in float: %s", target.op, reason)
+            results.append(Applied(item, left_float=reason))
+            continue
+        done = quantize_op(
+            graph, target.op, item.act_thresholds, weight_bits=weight_bits, activation_bits=activation_bits,
+            per_channel=item.per_channel, weight_thresholds=item.weight_thresholds, unsigned=rules.unsigned,
+            float_dequant=target.op.seed_type in rules.target.float_dequant_weights,
+        )  # fmt: skip
+        if target.runs_float:
+            rules.keep_float(target.op)
+        results.append(Applied(item, done=done))
+    quantized = [a.planned.target.op for a in results if a.done is not None]
+    rules.finish(quantized, [name for a in results if a.done is not None for name in a.done.activations])
+    return results

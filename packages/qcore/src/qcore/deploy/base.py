@@ -1,0 +1,134 @@
+"""What a deployment target is: the facts about one runtime, mostly as data, and its per-model rules.
+
+A :class:`DeployTarget` says which seed op types its runtime runs in int8, which it keeps
+float and why, which IR families it runs with int8 kernels, how residual joins are quantized
+for it, and how to configure a ``paddle.inference`` predictor for it. Its :meth:`~DeployTarget.plan`
+adds the ops a quantizer must also quantize for it, and :meth:`~DeployTarget.rules` works out,
+once per model, the rules that depend on the graph (:class:`ModelRules`). Post-training
+quantization and the QAT export both apply those rules through :func:`qcore.deploy.apply.apply_rules`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from paddle import inference
+
+    from ..graph import Graph, Operand, OpRef
+
+
+@dataclass
+class OpTarget:
+    """One op to quantize: its weight (if any) and the activations it reads."""
+
+    op: OpRef
+    weight: Operand | None
+    activations: list[Operand]  # the ones to quantize: all the op reads, or fewer
+    # the conv this op is quantized for (a runtime fuses the op into it): quantized only with it
+    for_conv: OpRef | None = None
+    runs_float: bool = False  # only its input is quantized (for the op writing it); the runtime runs it float
+
+
+def find_targets(graph: Graph, op_types: Iterable[str], skip_patterns: Iterable[str] = ()) -> list[OpTarget]:
+    """Every op of ``op_types`` not skipped, with its weight and activation operands."""
+    return [
+        OpTarget(op, graph.weight_operand(op), graph.activation_operands(op))
+        for op in graph.ops(list(op_types), skip_patterns=list(skip_patterns))
+    ]
+
+
+def residual_joins(graph: Graph, skip_patterns: Iterable[str] = ()) -> list[OpTarget]:
+    """Every ``elementwise_add`` of two activations (a residual join), with both inputs."""
+    return [
+        t for t in find_targets(graph, ["elementwise_add"], skip_patterns)
+        if len(t.activations) == 2 and graph.added_param(t.op) is None
+    ]  # fmt: skip
+
+
+class ModelRules:
+    """A target's rules worked out for one model; this base applies only the target's data."""
+
+    def __init__(self, target: DeployTarget, graph: Graph) -> None:
+        self.target = target
+        self.graph = graph
+        self.unsigned: set[str] = set()  # activations the runtime quantizes as unsigned
+        self.rewrites: dict[str, list[str]] = {}  # what the rules changed in the graph, for the report
+
+    def thresholds(self, chosen: Mapping[str, float]) -> dict[str, float]:
+        """The threshold the runtime runs each activation with, given ours."""
+        return dict(chosen)
+
+    def problem(self, op: OpRef, bits: int, per_channel: bool) -> str | None:
+        """Why ``op`` should stay float on this target, or None."""
+        return self.target.op_problem(op, self.graph.family)
+
+    def keep_float(self, op: OpRef) -> None:
+        """Make the runtime run ``op`` in float although its input is quantized (no-op by default)."""
+
+    def finish(self, quantized: list[OpRef], activations: list[str]) -> None:
+        """Once every QDQ is in: make the simulation match what the runtime does with them."""
+
+
+class DeployTarget(ABC):
+    """One runtime a quantized model is made for. Subclasses fill in the class-level data."""
+
+    name: ClassVar[str]
+    aliases: ClassVar[tuple[str, ...]] = ()
+    runtime: ClassVar[str]  # one line: what runs the model
+    #: seed op types the runtime runs with int8 kernels when their inputs carry QDQ
+    int8_ops: ClassVar[frozenset[str]]
+    #: seed op types the runtime cannot run well in int8, with the reason (measured where the text says so)
+    float_ops: ClassVar[Mapping[str, str]] = {}
+    #: IR families whose QDQ the runtime runs with int8 kernels; others run the simulation in float
+    int8_families: ClassVar[tuple[str, ...]]
+    #: seed op types whose int8 weight is read through cast -> multiply instead of ``dequantize_linear``
+    float_dequant_weights: ClassVar[frozenset[str]] = frozenset()
+    #: how residual joins are quantized: "both" inputs of every join, "none", or the target's own rule ("fused")
+    residual_adds: ClassVar[str] = "both"
+
+    def op_problem(self, op: OpRef, family: str) -> str | None:
+        """The data rule: why ``op`` stays float on this target, or None."""
+        seed = op.seed_type or op.type
+        if seed in self.float_ops:
+            return f"{self.name}: {self.float_ops[seed]}"
+        if seed not in self.int8_ops:
+            return f"{self.name}: the runtime has no int8 kernel for {seed}"
+        return None
+
+    def plan(
+        self,
+        graph: Graph,
+        targets: list[OpTarget],
+        skip_patterns: Iterable[str] = (),
+        *,
+        residual_add: bool = True,
+        calibrated: bool = True,
+    ) -> tuple[list[OpTarget], set[str]]:
+        """The extra ops to quantize with ``targets`` for this runtime, and the activations whose
+        readers must stay float. ``calibrated=False`` (the QAT export) adds no op needing new thresholds."""
+        if not residual_add or not calibrated or self.residual_adds != "both":
+            return [], set()
+        return residual_joins(graph, skip_patterns), set()
+
+    def rules(self, graph: Graph, targets: list[OpTarget], float_inputs: Iterable[str] = ()) -> ModelRules:
+        """The rules for one model about to get QDQ on ``targets``."""
+        return ModelRules(self, graph)
+
+    def unavailable(self) -> str | None:
+        """Why this runtime cannot run on this machine / Paddle build, or None."""
+        return None
+
+    @abstractmethod
+    def configure(self, config: inference.Config, threads: int) -> None:
+        """Set up a ``paddle.inference`` config for this runtime."""
+
+    def accepts(self, model_file: Any) -> str | None:
+        """Why the runtime cannot open ``model_file`` as it is named / formatted, or None."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"<deploy target {self.name}>"

@@ -1,0 +1,71 @@
+"""The deployment-target registry, predictors per backend and format, and lean saved programs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qcore.demo import demo_model_dir
+from qcore.deploy import BACKEND_NAMES, TARGETS, available_targets, get_target
+from qcore.deploy.openvino import cache_dir
+from qcore.errors import ConfigError
+from qcore.inference import create_predictor, predict
+from qcore.model_io import find_model_files, load_model, save_model
+
+
+def test_names_aliases_and_unknown_names():
+    assert get_target("mkldnn") is get_target("ONEDNN") is TARGETS["onednn"]
+    assert get_target(None) is TARGETS["onednn"]  # the default: oneDNN's rules, correct everywhere
+    assert get_target("trt").name == "tensorrt" and get_target("paddle").name == "native"
+    assert set(BACKEND_NAMES) >= {"onednn", "mkldnn", "openvino", "tensorrt", "native"}
+    with pytest.raises(ConfigError, match="valid: onednn, mkldnn, openvino"):
+        get_target("onnxruntime")
+    assert [t.name for t in available_targets()] == ["onednn", "openvino", "native"]  # no GPU on CPU wheels
+
+
+def test_targets_state_their_int8_ops_as_data():
+    onednn, openvino, trt = TARGETS["onednn"], TARGETS["openvino"], TARGETS["tensorrt"]
+    assert "conv2d_transpose" in onednn.float_ops and "conv2d_transpose" in openvino.int8_ops
+    assert openvino.int8_families == ("legacy",) and onednn.int8_families == ("legacy",)
+    assert "elementwise_add" in trt.int8_ops and trt.residual_adds == "both"
+    assert TARGETS["native"].int8_families == ()  # nothing runs int8: the simulation is exact
+
+
+@pytest.mark.parametrize("family", ["legacy", "pir"])
+def test_float_models_run_alike_on_every_cpu_backend(family):
+    files = find_model_files(demo_model_dir(family))
+    x = np.random.default_rng(0).standard_normal((4, 1, 28, 28)).astype("float32")
+    expected = load_model(files).run({"image": x})[0]
+    backends = ["onednn", "native"] + (["openvino"] if family == "legacy" else [])
+    for backend in backends:
+        np.testing.assert_allclose(predict(files, {"image": x}, backend=backend)[0], expected, atol=1e-4)
+    assert predict(files.directory, {"image": x}, onednn=False)[0].shape == expected.shape  # old keywords
+
+
+def test_openvino_takes_every_legacy_layout_and_caches_outside_the_cwd(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QCORE_OPENVINO_CACHE", str(tmp_path / "cache"))
+    model = load_model(demo_model_dir("legacy"))
+    x = np.random.default_rng(1).standard_normal((2, 1, 28, 28)).astype("float32")
+    expected = model.run({"image": x})[0]
+    for name, params in [("__model__", "__params__"), ("__model__", None)]:
+        files = save_model(model, tmp_path / f"out_{params}", name, params)
+        np.testing.assert_allclose(predict(files, {"image": x}, backend="openvino")[0], expected, atol=1e-4)
+    assert not (tmp_path / "__cache__").exists() and any(cache_dir().iterdir())
+
+
+def test_backends_that_cannot_run_say_why():
+    with pytest.raises(ConfigError, match="tensorrt.*no CUDA"):
+        create_predictor(demo_model_dir("legacy"), backend="tensorrt")
+    with pytest.raises(ConfigError, match="OpenVINO engine does not convert PIR"):
+        create_predictor(demo_model_dir("pir"), backend="openvino")
+
+
+def test_saved_programs_carry_no_call_stacks(tmp_path):
+    model = load_model(demo_model_dir("legacy"))
+    assert any(op.desc.has_attr("op_callstack") for op in model.program.global_block().ops)
+    files = save_model(model, tmp_path / "out")
+    assert files.model_file.stat().st_size < model.source.model_file.stat().st_size
+    saved = load_model(files)
+    assert not any(op.desc.has_attr("op_callstack") for op in saved.program.global_block().ops)
+    assert any(op.desc.has_attr("op_callstack") for op in model.program.global_block().ops)  # input untouched
