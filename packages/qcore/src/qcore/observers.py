@@ -309,10 +309,11 @@ class HistogramObserver(Observer):
         if self.counts.shape != (self.bins,):
             raise DataError(f"state has {self.counts.size} counts for bins={self.bins}; pass an unmodified state")
 
-    def _index(self, values: NDArray[np.float64], upper: float) -> NDArray[np.int64]:
+    def _index(self, values: NDArray[np.floating], upper: float) -> NDArray[np.int64]:
         if upper == 0.0:
             return np.zeros(values.shape, dtype=np.int64)
-        return np.minimum(np.floor(values * (self.bins / upper)), self.bins - 1).astype(np.int64)
+        index = (values * np.float64(self.bins / upper)).astype(np.int64)  # values >= 0: truncation is floor
+        return np.minimum(index, self.bins - 1, out=index)
 
     def _rebin(self, counts: NDArray[np.int64], upper_from: float) -> NDArray[np.int64]:
         """Move ``counts`` binned over ``[0, upper_from]`` onto this grid by bin centre (exact for 2**k ratios)."""
@@ -332,8 +333,13 @@ class HistogramObserver(Observer):
         self.counts = self._rebin(self.counts, old)
 
     def update(self, array: ArrayLike) -> None:
-        a = np.abs(as_finite(array)).ravel()
+        a = np.asarray(array)
+        if a.dtype != np.float32 or a.size == 0:  # float32 activations skip the float64 copy
+            a = as_finite(a)
+        a = np.abs(a).ravel()
         m = float(a.max())
+        if not math.isfinite(m):  # NaN propagates through max
+            as_finite(array)  # raises the DataError that counts them
         if m > self.upper:
             self._grow(m)
         self.counts += np.bincount(self._index(a, self.upper), minlength=self.bins)

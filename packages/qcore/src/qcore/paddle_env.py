@@ -39,3 +39,22 @@ def static_mode(family: Family, scope: paddle.static.Scope | None = None) -> Ite
 def cpu_executor() -> paddle.static.Executor:
     """An executor on the CPU, the place every test and benchmark here runs on."""
     return paddle.static.Executor(paddle.CPUPlace())
+
+
+@contextlib.contextmanager
+def onednn_kernels() -> Iterator[None]:
+    """Let ``paddle.static.Executor`` run oneDNN's float kernels in the body (``FLAGS_use_mkldnn``).
+
+    About 3x faster than Paddle's reference CPU kernels on a conv net (PP-OCRv4 rec, batch 10:
+    0.31 s against 1.0 s per batch); the flag is restored afterwards. A no-op on builds without oneDNN.
+    """
+    if not paddle.base.core.is_compiled_with_mkldnn():
+        yield
+        return
+    before = paddle.get_flags(["FLAGS_use_mkldnn"])["FLAGS_use_mkldnn"]
+    paddle.set_flags({"FLAGS_use_mkldnn": True})
+    try:
+        yield
+    finally:
+        paddle.set_flags({"FLAGS_use_mkldnn": before})
+

@@ -16,6 +16,7 @@ from qcore.deploy import OpTarget
 from qcore.errors import DataError
 from qcore.graph import Graph, Operand
 from qcore.observers import HistogramObserver
+from qcore.paddle_env import onednn_kernels
 
 from .bias_correction import ChannelMean
 
@@ -55,7 +56,14 @@ def calibrate(
     result = Calibration({n: HistogramObserver() for n in names}, dict(channel_means or {}))
     fetch = [unique[n].value for n in names]
     iterator = tqdm(batches, desc="calibrating", unit="batch", disable=not progress) if tqdm else batches
-    for feed in iterator:
+    with onednn_kernels():
+        _observe(graph, iterator, names, fetch, result)
+    return result
+
+
+def _observe(graph: Graph, batches: Iterable[dict[str, np.ndarray]], names: list[str], fetch: list,
+             result: Calibration) -> None:
+    for feed in batches:
         values = _run(graph, feed, fetch)
         for name, value in zip(names, values):
             try:
@@ -66,7 +74,6 @@ def calibrate(
                 result.channel_means[name].update(value)
         result.batches += 1
         result.samples += len(next(iter(feed.values())))
-    return result
 
 
 def _run(graph: Graph, feed: dict[str, np.ndarray], fetch: list) -> list[np.ndarray]:
