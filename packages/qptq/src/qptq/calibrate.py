@@ -7,7 +7,8 @@ batches and every threshold algorithm can be scored from the same pass.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,9 +57,26 @@ def calibrate(
     result = Calibration({n: HistogramObserver() for n in names}, dict(channel_means or {}))
     fetch = [unique[n].value for n in names]
     iterator = tqdm(batches, desc="calibrating", unit="batch", disable=not progress) if tqdm else batches
-    with onednn_kernels():
+    with onednn_kernels(), _ops_in_test_mode(graph):
         _observe(graph, iterator, names, fetch, result)
     return result
+
+
+@contextlib.contextmanager
+def _ops_in_test_mode(graph: Graph) -> Iterator[None]:
+    """Set ``is_test`` on the legacy ops that carry it for the body (oneDNN's conv2d_transpose kernel
+    runs only with it; an inference program means it anyway), then put the old values back."""
+    changed = []
+    if graph.family == "legacy":
+        for op in graph.ops():
+            if op.raw.has_attr("is_test") and not op.raw.attr("is_test"):
+                op.raw._set_attr("is_test", True)
+                changed.append(op.raw)
+    try:
+        yield
+    finally:
+        for raw in changed:
+            raw._set_attr("is_test", False)
 
 
 def _observe(graph: Graph, batches: Iterable[dict[str, np.ndarray]], names: list[str], fetch: list,
