@@ -559,7 +559,7 @@ class OneDnnTarget(DeployTarget):
         read = [a.name for t in targets for a in t.activations]
         if not calibrated:
             return [], {pool.scale_from for pool in clipping_avg_pools(graph, read)}
-        extra = _fused_residual_inputs(graph, targets, skip_patterns) if residual_add else []
+        extra = fused_residual_inputs(graph, targets, skip_patterns) if residual_add else []
         if self.fallback:
             extra += _residual_output_pools(graph, targets + extra)
         read = {a.name for t in targets + extra for a in t.activations}
@@ -581,7 +581,7 @@ class OneDnnTarget(DeployTarget):
             config.enable_onednn_int8()
 
 
-def _fused_residual_inputs(graph: Graph, targets: list[OpTarget], skip_patterns: Iterable[str]) -> list[OpTarget]:
+def fused_residual_inputs(graph: Graph, targets: list[OpTarget], skip_patterns: Iterable[str]) -> list[OpTarget]:
     """The residual input of each add :func:`residual_fusions` computes inside a conv of ``targets``.
 
     oneDNN never rounds the conv's own output and runs other adds in float, so quantizing more
