@@ -29,3 +29,25 @@ def test_quantize_op_per_tensor_given_thresholds_and_zero_activation(tiny_model)
     assert done.activations == {} and len(done.left_float) == 1  # threshold 0: left in float
     assert done.weight.axis is None and done.weight.thresholds.tolist() == [0.05]
     assert np.abs(done.weight.codes).max() == 7  # 4 bits, clipped at the given threshold
+
+
+def test_apply_rules_names_the_rule_and_keeps_dependants_float(tiny_model, tiny_input):
+    from qcore.deploy import ModelRules, OpTarget, find_targets, get_target
+    from qcore.deploy.apply import FOR_FLOAT_CONV_REASON, Planned, apply_rules
+
+    directory, kwargs, _ = tiny_model
+    graph = open_graph(load_model(directory, **kwargs))
+    conv, fc = find_targets(graph, ["conv2d", "mul"])
+
+    class KeepConvFloat(ModelRules):
+        def problem(self, op, bits, per_channel):
+            return "test: convs stay float" if op.raw is conv.op.raw else None
+
+    follower = OpTarget(fc.op, None, fc.activations, for_conv=conv.op)  # quantized only for the conv
+    planned = [Planned(conv, [1.0]), Planned(fc, [0.7]), Planned(follower, {fc.activations[0].name: 0.7})]
+    applied = apply_rules(graph, KeepConvFloat(get_target("native"), graph), planned)
+    assert [a.left_float for a in applied] == ["test: convs stay float", None, FOR_FLOAT_CONV_REASON]
+    assert applied[1].done.weight is not None and list(applied[1].done.activations.values()) == [0.7]
+    assert graph.op_types().count("quantize_linear") + graph.op_types().count(
+        "pd_op.fake_quantize_dequantize_moving_average_abs_max") == 1  # only the fc's input
+    assert np.isfinite(graph.run({"x": tiny_input})[0]).all()

@@ -105,7 +105,7 @@ def test_abs_max_activations_keep_the_last_batch_scale():
     assert net.param("conv_a.w_0@act0@scale")[0] == pytest.approx(float(np.abs(x[64:128]).max()), rel=1e-6)
 
 
-def test_test_program_convert_and_int8_agree_and_deploy(tmp_path):
+def test_test_program_convert_and_int8_agree_and_deploy(tmp_path, caplog):
     net = Net()
     quant_aware(net.main, paddle.CPUPlace(), CONFIG, scope=net.scope)
     quant_aware(net.test, paddle.CPUPlace(), CONFIG, scope=net.scope, for_test=True)
@@ -117,7 +117,9 @@ def test_test_program_convert_and_int8_agree_and_deploy(tmp_path):
     x, y = x[:1000], y[:1000]
     simulated = net.run(net.test, net.test_logits, x, y)
     assert (simulated.argmax(1) == y).mean() > 0.7  # it learned
-    program, int8_program = convert(net.test, paddle.CPUPlace(), CONFIG, scope=net.scope, save_int8=True)
+    program, int8_program = convert(net.test, paddle.CPUPlace(), CONFIG, scope=net.scope, save_int8=True,
+                                    deploy_backend="openvino")
+    assert "openvino runs PIR programs with float kernels" in caplog.text
     assert program is net.test and WEIGHT_OP not in _types(program) and _types(program).count(ACT_OP) == 3
     frozen = net.run(program, net.test_logits, x, y)
     np.testing.assert_allclose(frozen, simulated, atol=2e-2)  # a rare activation sits on a rounding tie
@@ -217,6 +219,8 @@ def test_bad_programs_and_configs():
     quant_aware(net.main, paddle.CPUPlace(), CONFIG, scope=net.scope)
     with pytest.raises(QuantError, match="takes the test program"):
         convert(net.main, paddle.CPUPlace(), CONFIG, scope=net.scope)
+    with pytest.raises(ConfigError, match="unknown deploy backend 'openvno'"):
+        convert(net.main, paddle.CPUPlace(), CONFIG, scope=net.scope, deploy_backend="openvno")
     with pytest.raises(GraphError, match="save_int8"):
         int8_values(net.test, [])
     with paddle.pir_utils.OldIrGuard():

@@ -34,6 +34,7 @@ import numpy as np
 import paddle
 
 from qcore.config import QuantConfig
+from qcore.deploy import get_target
 from qcore.errors import GraphError, QuantError
 from qcore.graph import Graph, Operand, OpRef, open_graph
 from qcore.model_io import Model
@@ -203,6 +204,8 @@ def convert(
     config: Mapping[str, Any] | QuantConfig | None,
     scope: Any = None,
     save_int8: bool = False,
+    *,
+    deploy_backend: str | None = None,
 ) -> Any:
     """Freeze a trained test program (from ``quant_aware(..., for_test=True)``) in place.
 
@@ -211,8 +214,14 @@ def convert(
     ``*_quantize_func`` hooks keep the hooks' ops (qqat cannot know what they compute). With ``save_int8`` returns
     ``(program, int8_program)``; the second stores int8 weights (a quarter of the size) and
     runs in the executor and ``paddle.inference`` too. Get its feed/fetch values for
-    ``paddle.static.save_inference_model`` with :func:`int8_values`.
+    ``paddle.static.save_inference_model`` with :func:`int8_values`. ``deploy_backend`` (PaddleSlim 2.6's
+    keyword, see :mod:`qcore.deploy`) is validated; the program is PIR, which only ``tensorrt`` runs with
+    int8 kernels (not run here), so for the CPU backends it warns that the result runs float kernels there.
     """
+    target = get_target(deploy_backend)
+    if deploy_backend is not None and "pir" not in target.int8_families:
+        log.warning("convert: %s runs PIR programs with float kernels (Paddle 3.3.1); for int8 speed on it "
+                    "export a legacy model (QAT.save_quantized_model(..., family='legacy'))", target.name)
     _check_program(program, "convert")
     cfg = static_config(config)
     scope = scope or paddle.static.global_scope()
