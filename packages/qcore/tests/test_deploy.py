@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 
 from qcore.demo import demo_model_dir
-from qcore.deploy import BACKEND_NAMES, TARGETS, available_targets, get_target
-from qcore.deploy.openvino import cache_dir
+from qcore.deploy import BACKEND_NAMES, TARGETS, available_targets, get_target, host
+from qcore.deploy.onednn import OneDnnTarget
+from qcore.deploy.openvino import OpenVinoTarget, cache_dir
 from qcore.errors import ConfigError
+from qcore.graph import open_graph
 from qcore.inference import create_predictor, predict
 from qcore.model_io import find_model_files, load_model, save_model
 
@@ -69,3 +71,50 @@ def test_saved_programs_carry_no_call_stacks(tmp_path):
     saved = load_model(files)
     assert not any(op.desc.has_attr("op_callstack") for op in saved.program.global_block().ops)
     assert any(op.desc.has_attr("op_callstack") for op in model.program.global_block().ops)  # input untouched
+
+
+def _cpuinfo(tmp_path, flags: str):
+    path = tmp_path / f"cpuinfo-{abs(hash(flags))}"
+    path.write_text(f"processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 {flags}\n\n")
+    return path
+
+
+def test_the_host_saturates_int8_pairs_only_on_x86_without_vnni(tmp_path, monkeypatch):
+    monkeypatch.setattr(host.platform, "machine", lambda: "x86_64")
+    assert host.int8_pairs_saturate(_cpuinfo(tmp_path, "avx avx2 fma"))
+    assert not host.int8_pairs_saturate(_cpuinfo(tmp_path, "avx2 avx512f avx512_vnni"))
+    assert not host.int8_pairs_saturate(_cpuinfo(tmp_path, "avx2 avx_vnni"))
+    assert not host.int8_pairs_saturate(tmp_path / "missing")
+    monkeypatch.setattr(host.platform, "machine", lambda: "aarch64")
+    assert not host.int8_pairs_saturate(_cpuinfo(tmp_path, "asimd"))
+
+
+def test_cpu_targets_keep_weight_codes_within_64_when_the_fix_is_on(monkeypatch):
+    assert OpenVinoTarget(overflow_fix=True).weight_max_code(8, "legacy") == 64
+    assert OpenVinoTarget(overflow_fix=False).weight_max_code(8, "legacy") is None
+    assert OpenVinoTarget(overflow_fix=True).weight_max_code(4, "legacy") is None  # 4-bit pairs cannot overflow
+    assert OpenVinoTarget(overflow_fix=True).weight_max_code(8, "pir") is None  # PIR runs float kernels
+    assert OneDnnTarget(overflow_fix=True).weight_max_code(8, "legacy") == 64
+    for name in ("tensorrt", "native"):  # GPU dp4a and float kernels add in int32 / float
+        assert get_target(name).weight_max_code(8, "legacy") is None
+    monkeypatch.setenv(host.OVERFLOW_FIX_ENV, "1")
+    assert get_target("openvino").weight_max_code(8, "legacy") == 64
+    monkeypatch.setenv(host.OVERFLOW_FIX_ENV, "0")
+    assert get_target(None).weight_max_code(8, "legacy") is None
+    monkeypatch.setenv(host.OVERFLOW_FIX_ENV, "yes")
+    with pytest.raises(ConfigError, match="QCORE_OVERFLOW_FIX='yes': set it to 1"):
+        get_target("openvino").weight_max_code(8, "legacy")
+
+
+def test_weight_codes_bounded_by_max_code_still_represent_the_weight():
+    model = load_model(demo_model_dir())
+    graph = open_graph(model)
+    op = graph.ops(["conv2d"])[0]
+    weight = graph.weight_operand(op)
+    w = graph.get_param(weight.name)
+    stored = graph.quantize_weight(weight, 8, 0, max_code=64)
+    per_channel = np.abs(w).reshape(w.shape[0], -1).max(axis=1)
+    np.testing.assert_allclose(stored.thresholds, per_channel * 127 / 64, rtol=1e-6)
+    assert np.abs(stored.codes).max() == 64
+    step = (per_channel / 64).reshape(-1, 1, 1, 1)
+    assert (np.abs(stored.dequantized() - w) <= step / 2 + 1e-7).all()  # half a (coarser) step

@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from qcore.deploy import get_target
 from qcore.errors import GraphError
 from qcore.graph import backend_names, open_graph
 from qcore.inference import predict
@@ -119,11 +120,13 @@ def test_rewritten_model_runs_in_executor_and_inference(tiny_model, tiny_input, 
     files = g.save(tmp_path / "int8")
     reloaded = open_graph(load_model(tmp_path / "int8"))
     np.testing.assert_allclose(reloaded.run({"x": tiny_input})[0], simulated, atol=1e-5)
+    ratio = files.params_file.stat().st_size / float_files.params_file.stat().st_size
+    assert ratio < 0.3, ratio  # int8-stored weights in both families
+    if get_target("onednn").host_problem():  # no VNNI: oneDNN's int8 kernels run it unlike the simulation
+        pytest.skip(get_target("onednn").host_problem())
     deployed = predict(files, {"x": tiny_input})[0]  # oneDNN + int8 switch on
     assert np.abs(deployed - tiny_reference).max() < 0.05 * scale
     assert (deployed.argmax(1) == tiny_reference.argmax(1)).mean() >= 0.75
-    ratio = files.params_file.stat().st_size / float_files.params_file.stat().st_size
-    assert ratio < 0.3, ratio  # int8-stored weights in both families
 
 
 def test_shared_activation_gets_one_qdq_pair(tiny_model, tiny_input):

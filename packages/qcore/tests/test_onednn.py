@@ -249,13 +249,14 @@ def test_residual_signs_are_aligned_down_the_chain_without_changing_values(tmp_p
 
 
 def test_only_relus_are_written_as_leaky(tmp_path):
+    from qcore.deploy.onednn import write_relu_as_leaky
     from qcore.errors import GraphError
     from qcore.testing import TinyResNet, save_tiny_net
 
     save_tiny_net(TinyResNet(), tmp_path / "legacy", "legacy_pdmodel")
     graph = open_graph(load_model(tmp_path / "legacy"))
     with pytest.raises(GraphError, match="not a relu"):
-        graph.write_relu_as_leaky(graph.ops(["conv2d"])[0])
+        write_relu_as_leaky(graph, graph.ops(["conv2d"])[0])
 
 
 class _PooledHead(paddle.nn.Layer):
@@ -271,7 +272,7 @@ class _PooledHead(paddle.nn.Layer):
 
 
 def test_the_pool_reading_the_last_residual_conv_can_give_it_an_output_scale(tmp_path):
-    from qcore.deploy.onednn import pooled_residual_outputs, residual_fusions
+    from qcore.deploy.onednn import keep_float_in_onednn, pooled_residual_outputs, residual_fusions
     from qcore.errors import GraphError
     from qcore.testing import save_tiny_net
 
@@ -292,8 +293,8 @@ def test_the_pool_reading_the_last_residual_conv_can_give_it_an_output_scale(tmp
     assert pooled_residual_outputs(shaped, quantized_inputs(shaped)) == []
     assert pooled_residual_outputs(open_graph(load_model(tmp_path / "pir")), []) == []
 
-    flat.keep_float_in_onednn(found.pools[0])
+    keep_float_in_onednn(flat, found.pools[0])
     assert found.pools[0].raw.attr("skip_quant") == 1
     pir = open_graph(load_model(tmp_path / "pir"))
     with pytest.raises(GraphError, match="legacy programs only"):
-        pir.keep_float_in_onednn(pir.ops()[0])
+        keep_float_in_onednn(pir, pir.ops()[0])

@@ -14,6 +14,7 @@ import atexit
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import numpy as np
 from paddle import inference
 
 from .deploy import DeployTarget, get_target
+from .deploy.base import marked_backend
 from .deploy.onednn import OneDnnTarget
 from .errors import ConfigError
 from .model_io import ModelFiles, find_model_files, load_model, save_model
@@ -52,6 +54,16 @@ def create_predictor(
     reason = target.unavailable() or target.accepts(files.model_file)
     if reason is not None:
         raise ConfigError(f"backend {target.name!r} cannot run {files.model_file}: {reason}")
+    made_for = marked_backend(files.model_file)
+    if isinstance(target, OneDnnTarget) and made_for not in (None, "onednn"):
+        warnings.warn(
+            f"{files.model_file} was quantized for {made_for!r}: oneDNN's int8 passes run some of its layers "
+            "wrongly or in float (quantize with deploy_backend=None or 'onednn' for this backend)",
+            stacklevel=2,
+        )
+    problem = target.host_problem()
+    if problem is not None and _is_quantized(files):
+        warnings.warn(f"{files.model_file}: {problem}", stacklevel=2)
     if files.family == "legacy" and target.name == "openvino":
         files = _as_pdmodel(files)
     if files.params_file is None:
@@ -62,6 +74,12 @@ def create_predictor(
     config.disable_glog_info()
     target.configure(config, threads)
     return inference.create_predictor(config)
+
+
+def _is_quantized(files: ModelFiles) -> bool:
+    """Whether the model file holds quantize / dequantize ops (legacy or PIR)."""
+    program = files.model_file.read_bytes()
+    return b"quantize_linear" in program or b"fake_quantize" in program
 
 
 def _as_pdmodel(files: ModelFiles) -> ModelFiles:

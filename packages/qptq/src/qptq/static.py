@@ -23,6 +23,7 @@ from qcore.constants import (
 )
 from qcore.deploy import OpTarget, find_targets, get_target
 from qcore.deploy.apply import RUNS_FLOAT_NOTE, Applied, Planned, apply_rules
+from qcore.deploy.base import mark_model
 from qcore.deploy.onednn import OneDnnTarget
 from qcore.errors import ConfigError
 from qcore.graph import Graph, open_graph
@@ -177,9 +178,12 @@ class PostTrainingQuantization:
             for t in targets
         ]  # fmt: skip
         applied = apply_rules(graph, rules, planned, weight_bits=self.weight_bits, activation_bits=self.activation_bits)
+        if self.deploy_backend is not None:
+            mark_model(graph, self.target)
         layers = [self._layer_report(graph, a, candidates, chosen, deployed, rules.unsigned, calibration)
                   for a in applied]
         return {"algo": self.algo, "deploy_backend": self.target.name if self.deploy_backend else None,
+                "weight_max_code": self.target.weight_max_code(self.weight_bits, graph.family),
                 "batches": calibration.batches, "samples": calibration.samples, "layers": layers,
                 **rules.rewrites}
 

@@ -24,6 +24,7 @@ from paddle import nn
 from qcore.config import QuantConfig
 from qcore.deploy import DeployTarget, OpTarget, get_target
 from qcore.deploy.apply import Planned, apply_rules
+from qcore.deploy.base import mark_model
 from qcore.errors import ConfigError, QuantError
 from qcore.graph import Graph, OpRef, open_graph
 from qcore.model_io import ModelFiles, load_model
@@ -120,6 +121,8 @@ class QAT:
             if fold:
                 graph.fold_conv_bn()
             self.left_float = self._quantize_ops(graph, targets, fold, target)
+            if deploy_backend is not None:
+                mark_model(graph, target)
             suffix = ".json" if family == "pir" else ".pdmodel"
             return graph.save(prefix.parent, prefix.name + suffix, prefix.name + ".pdiparams")
 

@@ -51,6 +51,7 @@ def apply_rules(
 ) -> list[Applied]:
     """Quantize every ``planned`` op the ``rules`` let run int8; returns what happened to each, in order."""
     float_ops: set[int] = set()
+    max_code = rules.target.weight_max_code(weight_bits, graph.family)
     results = []
     for item in planned:
         target = item.target
@@ -65,7 +66,7 @@ def apply_rules(
         done = quantize_op(
             graph, target.op, item.act_thresholds, weight_bits=weight_bits, activation_bits=activation_bits,
             per_channel=item.per_channel, weight_thresholds=item.weight_thresholds, unsigned=rules.unsigned,
-            float_dequant=target.op.seed_type in rules.target.float_dequant_weights,
+            float_dequant=target.op.seed_type in rules.target.float_dequant_weights, weight_max_code=max_code,
         )  # fmt: skip
         if target.runs_float:
             rules.keep_float(target.op)

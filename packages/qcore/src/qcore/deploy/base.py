@@ -13,7 +13,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from . import host
 
 if TYPE_CHECKING:
     from paddle import inference
@@ -47,6 +50,30 @@ def residual_joins(graph: Graph, skip_patterns: Iterable[str] = ()) -> list[OpTa
         t for t in find_targets(graph, ["elementwise_add"], skip_patterns)
         if len(t.activations) == 2 and graph.added_param(t.op) is None
     ]  # fmt: skip
+
+
+#: Legacy op attribute recording which backend a model was quantized for (on its first op after the feeds).
+MARK_ATTR = "qcore_deploy_backend"
+
+
+def mark_model(graph: Graph, target: DeployTarget) -> None:
+    """Record in a legacy program that it was quantized for ``target`` (read by :func:`marked_backend`)."""
+    if graph.family == "legacy":
+        first = next((op for op in graph.ops() if op.type not in ("feed", "fetch")), None)
+        if first is not None:
+            first.raw._set_attr(MARK_ATTR, target.name)
+
+
+def marked_backend(model_file: Path) -> str | None:
+    """The backend a legacy model file was quantized for (:func:`mark_model`), or None."""
+    if model_file.suffix == ".json" or not model_file.is_file():
+        return None
+    data = model_file.read_bytes()
+    at = data.find(MARK_ATTR.encode())
+    if at < 0:
+        return None
+    window = data[at : at + len(MARK_ATTR) + 32]
+    return next((name for name in ("openvino", "tensorrt", "native", "onednn") if name.encode() in window), None)
 
 
 class ModelRules:
@@ -89,6 +116,24 @@ class DeployTarget(ABC):
     float_dequant_weights: ClassVar[frozenset[str]] = frozenset()
     #: how residual joins are quantized: "both" inputs of every join, "none", or the target's own rule ("fused")
     residual_adds: ClassVar[str] = "both"
+    #: runs int8 dot products on an x86 CPU, where without VNNI they saturate (:mod:`qcore.deploy.host`)
+    cpu_int8: ClassVar[bool] = False
+
+    def __init__(self, overflow_fix: bool | None = None) -> None:
+        #: keep 8-bit weight codes within +-64 (True), use the full range (False), or ask the host (None)
+        self.overflow_fix = overflow_fix
+
+    def weight_max_code(self, bits: int, family: str) -> int | None:
+        """The largest weight code this target's output may hold, None for the whole ``bits`` range.
+
+        CPU targets keep 8-bit codes of the families they run in int8 within
+        :data:`~qcore.deploy.host.SATURATION_FREE_CODE` when the overflow fix is on
+        (``overflow_fix``, else :func:`~qcore.deploy.host.overflow_fix_default`).
+        """
+        if not self.cpu_int8 or bits != 8 or family not in self.int8_families:
+            return None
+        fix = host.overflow_fix_default() if self.overflow_fix is None else self.overflow_fix
+        return host.SATURATION_FREE_CODE if fix else None
 
     def op_problem(self, op: OpRef, family: str) -> str | None:
         """The data rule: why ``op`` stays float on this target, or None."""
@@ -117,6 +162,10 @@ class DeployTarget(ABC):
     def rules(self, graph: Graph, targets: list[OpTarget], float_inputs: Iterable[str] = ()) -> ModelRules:
         """The rules for one model about to get QDQ on ``targets``."""
         return ModelRules(self, graph)
+
+    def host_problem(self) -> str | None:
+        """Why this runtime's int8 kernels on this machine run a quantized model unlike its simulation, or None."""
+        return None
 
     def unavailable(self) -> str | None:
         """Why this runtime cannot run on this machine / Paddle build, or None."""

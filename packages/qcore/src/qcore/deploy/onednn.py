@@ -36,7 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import GraphError
 from ..quant import abs_max, fake_quantize
+from . import host
 from .base import DeployTarget, ModelRules, OpTarget, residual_joins
 
 if TYPE_CHECKING:
@@ -271,8 +273,45 @@ def share_int8_outputs(graph: Graph, quantized: Iterable[OpRef], activations: It
     """Make every reader of the :func:`int8_written` ``activations`` read their QDQ copy, as deployed."""
     names = int8_written(graph, quantized, activations)
     for name in sorted(names):
-        graph.read_qdq_everywhere(name)
+        read_qdq_everywhere(graph, name)
     return names
+
+
+def read_qdq_everywhere(graph: Graph, name: str) -> None:
+    """Make every op reading activation ``name`` (model outputs aside) read its QDQ copy.
+
+    Paddle Inference does this when an int8 op writes ``name`` (:func:`int8_written`): its float
+    readers get the dequantized int8 values too.
+    """
+    copy = graph.act_qdq_copy(name)
+    for raw in _legacy_ops(graph, "read_qdq_everywhere"):
+        if raw.type not in ("quantize_linear", "fetch") and name in raw.input_arg_names:
+            raw._rename_input(name, copy)
+
+
+def write_relu_as_leaky(graph: Graph, op: OpRef) -> None:
+    """Make ``relu`` op ``op`` a ``leaky_relu`` with ``alpha=0``: the same values, written signed by oneDNN
+    (:func:`align_residual_signs`)."""
+    _legacy_ops(graph, "write_relu_as_leaky")
+    if op.type != "relu":
+        raise GraphError(f"{op!r} is not a relu; only relu ops can be written as leaky_relu(alpha=0)")
+    op.raw.desc.set_type("leaky_relu")
+    op.raw._set_attr("alpha", 0.0)
+
+
+def keep_float_in_onednn(graph: Graph, op: OpRef) -> None:
+    """Mark ``op`` (``skip_quant=1``) so Paddle Inference's oneDNN int8 placement leaves it float.
+
+    ``cpu_quantize_placement_pass`` reads the mark as an int; the executor and other backends ignore it.
+    """
+    _legacy_ops(graph, "keep_float_in_onednn")
+    op.raw._set_attr("skip_quant", 1)
+
+
+def _legacy_ops(graph: Graph, what: str) -> list[Any]:
+    if graph.family != "legacy":
+        raise GraphError(f"{what} rewrites legacy programs only (PIR output runs float kernels)")
+    return list(graph.model.program.global_block().ops)
 
 
 @dataclass(frozen=True)
@@ -401,7 +440,7 @@ def align_residual_signs(graph: Graph) -> list[str]:
         if not relus:
             return rewritten
         for name, relu in sorted(relus.items()):
-            graph.write_relu_as_leaky(relu)
+            write_relu_as_leaky(graph, relu)
             rewritten.append(name)
 
 
@@ -420,7 +459,7 @@ def pooled_residual_outputs(graph: Graph, quantized_inputs: Iterable[str]) -> li
     float (:func:`float_residual_convs`): in a ResNet only the final global pool reads the last
     block. When only pools read such an output and no scale reaches their outputs, quantizing
     their input gives the conv its output scale without changing any other tensor's. The pools
-    should then stay float (:meth:`Graph.keep_float_in_onednn`): an int8 pool writes its
+    should then stay float (:func:`keep_float_in_onednn`): an int8 pool writes its
     output at its input's scale, coarse for an average. Empty for PIR graphs.
     """
     if graph.family != "legacy":
@@ -515,17 +554,26 @@ class OneDnnRules(OneDnnScales):
         return None if reason is None else f"{self.target.name}: {reason}"
 
     def keep_float(self, op: OpRef) -> None:
-        self.graph.keep_float_in_onednn(op)
+        keep_float_in_onednn(self.graph, op)
 
     def finish(self, quantized: list[OpRef], activations: list[str]) -> None:
         share_int8_outputs(self.graph, quantized, activations)
+
+
+#: What oneDNN's int8 kernels do on x86 CPUs without VNNI (:func:`qcore.deploy.host.int8_pairs_saturate`).
+NO_VNNI_PROBLEM = (
+    "this CPU has no VNNI: oneDNN's int8 kernels here run quantized models unlike their simulation "
+    "(measured on an AVX2-only AMD EPYC, Paddle 3.3.1: 1-36 % off on small conv / residual / fc nets, "
+    "with or without 7-bit weights); deploy with backend='openvino', which runs them as simulated"
+)
 
 
 class OneDnnTarget(DeployTarget):
     """Paddle Inference on CPU with ``enable_onednn()`` + ``enable_onednn_int8()`` (legacy programs).
 
     ``fallback=False`` skips the graph-dependent rules above (nothing left float, no relu
-    rewritten): the output then shows what Paddle 3.3.1's passes do unaided. ``int8_kernels=False``
+    rewritten): the output then shows what Paddle 3.3.1's passes do unaided. ``overflow_fix``: see
+    :meth:`DeployTarget.weight_max_code`. ``int8_kernels=False``
     builds predictors with oneDNN's float kernels only (the float baseline; a QDQ model then runs
     its quantize ops in float and is slower than the float model).
     """
@@ -540,8 +588,10 @@ class OneDnnTarget(DeployTarget):
     float_ops = INT8_WEIGHT_UNSUPPORTED
     int8_families = ("legacy",)  # Paddle 3.3.1 has no PIR oneDNN int8 pass
     residual_adds = "fused"
+    cpu_int8 = True  # oneDNN drifts without VNNI either way; the fix keeps the output exact on OpenVINO there
 
-    def __init__(self, fallback: bool = True, int8_kernels: bool = True) -> None:
+    def __init__(self, fallback: bool = True, int8_kernels: bool = True, overflow_fix: bool | None = None) -> None:
+        super().__init__(overflow_fix)
         self.fallback = fallback
         self.int8_kernels = int8_kernels
 
@@ -572,6 +622,11 @@ class OneDnnTarget(DeployTarget):
         if not self.fallback:
             return OneDnnScales(self, graph)
         return OneDnnRules(self, graph, [a.name for t in targets for a in t.activations], float_inputs)
+
+    def host_problem(self) -> str | None:
+        if self.int8_kernels and host.int8_pairs_saturate():
+            return NO_VNNI_PROBLEM
+        return None
 
     def configure(self, config: inference.Config, threads: int) -> None:
         config.disable_gpu()

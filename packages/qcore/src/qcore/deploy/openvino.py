@@ -64,6 +64,7 @@ class OpenVinoTarget(DeployTarget):
     int8_families = ("legacy",)
     float_dequant_weights = frozenset({"conv2d_transpose"})
     residual_adds = "fused"
+    cpu_int8 = True
 
     def plan(self, graph: Graph, targets: list[OpTarget], skip_patterns: Iterable[str] = (), *,
              residual_add: bool = True, calibrated: bool = True) -> tuple[list[OpTarget], set[str]]:

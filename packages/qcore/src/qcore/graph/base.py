@@ -212,39 +212,11 @@ class Graph(ABC):
                 self._made.add(self._key(self._act_qdq[key]))
             self._set_operand(operand, self._act_qdq[key])
 
-    def read_qdq_everywhere(self, name: str) -> None:
-        """Make every op reading activation ``name`` (model outputs aside) read its QDQ copy.
-
-        Paddle Inference does this when an int8 op writes ``name`` (:func:`qcore.deploy.onednn.int8_written`):
-        its float readers get the dequantized int8 values too. Legacy programs only.
-        """
+    def act_qdq_copy(self, name: str) -> Any:
+        """The dequantized copy of activation ``name`` that :meth:`insert_act_qdq` made (what its readers read)."""
         if name not in self._act_qdq:
             raise GraphError(f"activation {name!r} has no QDQ copy in this program; quantize a reader first")
-        self._route_readers(name, self._act_qdq[name])
-
-    @abstractmethod
-    def _route_readers(self, name: str, copy: Any) -> None:
-        """Rename ``name`` to ``copy`` in every op reading it, the QDQ itself and model outputs aside."""
-
-    def write_relu_as_leaky(self, op: OpRef) -> None:
-        """Make ``relu`` op ``op`` a ``leaky_relu`` with ``alpha=0``: the same values, written signed by oneDNN.
-
-        See :func:`qcore.deploy.onednn.align_residual_signs`. Legacy programs only.
-        """
-        if op.type != "relu":
-            raise GraphError(f"{op!r} is not a relu; only relu ops can be written as leaky_relu(alpha=0)")
-        self._write_leaky_relu(op.raw)
-
-    @abstractmethod
-    def _write_leaky_relu(self, raw: Any) -> None:
-        """Retype relu ``raw`` in place as ``leaky_relu(alpha=0)``."""
-
-    @abstractmethod
-    def keep_float_in_onednn(self, op: OpRef) -> None:
-        """Mark ``op`` (``skip_quant=1``) so Paddle Inference's oneDNN int8 placement leaves it float.
-
-        The executor and other backends ignore the mark. Legacy programs only.
-        """
+        return self._act_qdq[name]
 
     def quantize_weight(
         self,
@@ -253,11 +225,14 @@ class Graph(ABC):
         axis: int | None = None,
         thresholds: np.ndarray | float | None = None,
         float_dequant: bool = False,
+        max_code: int | None = None,
     ) -> QuantizedWeight:
         """Store ``operand``'s parameter as int8/int16 codes read through a dequantize step.
 
         ``axis`` is the channel axis for per-channel scales (None: one scale). Thresholds
         default to the abs max (per channel). A weight shared by several ops is quantized once.
+        ``max_code`` keeps the codes within +-``max_code`` by widening the thresholds (stored
+        widened): the overflow fix of :mod:`qcore.deploy.host`.
         ``float_dequant`` makes legacy programs use cast -> elementwise_mul instead of
         ``dequantize_linear``, which Paddle Inference's oneDNN int8 passes fold into the op: right
         for ops without int8 kernels (measured: ``c_embedding`` then fails to run).
@@ -268,6 +243,8 @@ class Graph(ABC):
         if thresholds is None:
             thresholds = abs_max(weight, axis)
         thr = np.atleast_1d(np.asarray(thresholds, dtype=np.float64))
+        if max_code is not None:
+            thr = thr * (qmax(bits) / max_code)
         codes = quantize(weight, scale_from_threshold(thr if axis is not None else thr[0], bits), bits, axis)
         quantized = QuantizedWeight(codes, thr, axis, bits, float_dequant)
         with self._editing():

@@ -111,18 +111,6 @@ class LegacyGraph(Graph):
         )
 
     # ---- rewrites -------------------------------------------------------------------
-    def _route_readers(self, name: str, copy: str) -> None:
-        for raw in self.block.ops:
-            if raw.type not in ("quantize_linear", "fetch") and name in raw.input_arg_names:
-                raw._rename_input(name, copy)
-
-    def _write_leaky_relu(self, raw: Any) -> None:
-        raw.desc.set_type("leaky_relu")
-        raw._set_attr("alpha", 0.0)
-
-    def keep_float_in_onednn(self, op: OpRef) -> None:
-        op.raw._set_attr("skip_quant", 1)  # cpu_quantize_placement_pass reads it as an int
-
     def _build_act_qdq(self, operand: Operand, threshold: float, bits: int, unsigned: bool) -> str:
         name = operand.name
         scale = self._add_param(self._new_param_name(f"{name}@scale"), np.array([threshold], np.float32))

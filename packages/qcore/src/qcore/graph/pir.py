@@ -150,15 +150,6 @@ class PirGraph(Graph):
             self.block.remove_op(op)
 
     # ---- rewrites -------------------------------------------------------------------
-    def _route_readers(self, name: str, copy: Any) -> None:
-        raise GraphError("read_qdq_everywhere rewrites legacy programs only (PIR output runs float kernels)")
-
-    def _write_leaky_relu(self, raw: Any) -> None:
-        raise GraphError("write_relu_as_leaky rewrites legacy programs only (PIR output runs float kernels)")
-
-    def keep_float_in_onednn(self, op: OpRef) -> None:
-        raise GraphError("keep_float_in_onednn marks legacy programs only (PIR output runs float kernels)")
-
     def _fusable_conv_biases(self) -> None:
         """Nothing to do: PIR output runs float kernels, whose passes take Paddle 3's bias form."""
 

@@ -36,6 +36,7 @@ def quantize_op(
     weight_thresholds: np.ndarray | float | None = None,
     unsigned: Collection[str] = (),
     float_dequant: bool = False,
+    weight_max_code: int | None = None,
 ) -> OpQuantization:
     """Quantize ``op``'s weight (if it has one) and insert QDQ on its activation inputs.
 
@@ -47,14 +48,16 @@ def quantize_op(
     all zeros) stays float and is listed in ``left_float``. ``weight_thresholds`` defaults to
     the weight's abs max, per output channel when ``per_channel``. Activations named in
     ``unsigned`` get the unsigned QDQ of :meth:`Graph.insert_act_qdq`; ``float_dequant`` reads the
-    weight through cast -> multiply (:meth:`Graph.quantize_weight`).
+    weight through cast -> multiply and ``weight_max_code`` bounds its codes (:meth:`Graph.quantize_weight`).
     """
     result = OpQuantization()
     activations = graph.activation_operands(op)
     weight = graph.weight_operand(op)
     if weight is not None:
         axis = graph.weight_channel_axis(op) if per_channel else None
-        result.weight = graph.quantize_weight(weight, weight_bits, axis, weight_thresholds, float_dequant)
+        result.weight = graph.quantize_weight(
+            weight, weight_bits, axis, weight_thresholds, float_dequant, max_code=weight_max_code
+        )
     for index, operand in enumerate(activations):
         if isinstance(act_thresholds, Mapping):
             threshold = float(act_thresholds.get(operand.name, 0.0))
