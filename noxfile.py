@@ -25,7 +25,7 @@ PYTEST = ("pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWa
 
 def _install_local(session: nox.Session, *names: str) -> None:
     args = [f"packages/{n}" for n in names]
-    session.install("pytest", *args)
+    session.install("pytest", "hypothesis", *args)
 
 
 def _package_session(name: str) -> None:

@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib.util
+import json
 import platform
 import random
 import string
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -83,13 +85,31 @@ def ctc_decode(logits: np.ndarray, charset: list[str]) -> list[str]:
 
 
 def outputs(files: ModelFiles, x: np.ndarray, backend: str | None, batch: int = 20) -> np.ndarray:
-    """The model's first output over ``x``: simulated in the executor (``backend=None``) or deployed."""
+    """The model's first output over ``x``: simulated in the executor (``backend=None``) or deployed.
+
+    Deployed runs go to a fresh process each: Paddle 3.3.1 keeps every predictor's oneDNN / OpenVINO
+    caches for the life of the process, and one process scoring 24 variant x backend pairs of the
+    rec model ran out of 24 GiB.
+    """
     if backend is not None:
-        predictor = create_predictor(files, backend=backend)
-        return np.concatenate([run_predictor(predictor, {"x": x[i : i + batch]})[0] for i in range(0, len(x), batch)])
+        with tempfile.TemporaryDirectory(prefix="qocr-run-") as tmp:
+            np.save(Path(tmp) / "x.npy", x)
+            run = subprocess.run([sys.executable, __file__, "--deployed", str(files.model_file), backend, tmp],
+                                 capture_output=True, text=True)
+            if run.returncode != 0:
+                raise RuntimeError((run.stderr.strip().splitlines() or ["worker failed"])[-1])
+            return np.load(Path(tmp) / "y.npy")
     model = load_model(files)
     with onednn_kernels():
         return np.concatenate([model.run({"x": x[i : i + batch]})[0] for i in range(0, len(x), batch)])
+
+
+def deployed_worker(model_file: str, backend: str, tmp: str, batch: int = 20) -> None:
+    """``--deployed`` mode: run ``tmp/x.npy`` through a predictor on ``backend``, write ``tmp/y.npy``."""
+    x = np.load(Path(tmp) / "x.npy")
+    predictor = create_predictor(find_model_files(model_file), backend=backend)
+    y = np.concatenate([run_predictor(predictor, {"x": x[i : i + batch]})[0] for i in range(0, len(x), batch)])
+    np.save(Path(tmp) / "y.npy", y)
 
 
 def directory_bytes(files: ModelFiles) -> int:
@@ -98,24 +118,44 @@ def directory_bytes(files: ModelFiles) -> int:
 
 
 def latencies(variants: dict[str, ModelFiles], shape: tuple[int, ...], repeats: int) -> dict[tuple[str, str], str]:
-    """Median batch-1 latency of every variant on each CPU backend, all runs of a backend interleaved."""
-    x = np.random.default_rng(7).uniform(-1, 1, shape).astype(np.float32)
+    """Median batch-1 latency of every variant on each CPU backend, all runs of a backend interleaved
+    (in one fresh process per backend, see :func:`outputs`)."""
     cells: dict[tuple[str, str], str] = {}
     for backend in BACKENDS:
-        predictors = {}
-        for label, files in variants.items():
-            try:
-                predictors[label] = create_predictor(files, backend=backend)
-                run_predictor(predictors[label], {"x": x})
-            except Exception as exc:  # PaddleSlim's output fails to convert on some backends
-                predictors.pop(label, None)
-                cells[label, backend] = f"fails: {str(exc).splitlines()[0][:50]}"
-        for label, ms in interleaved_latency(predictors, {"x": x}, repeats).items():
-            cells[label, backend] = f"{ms:.2f}"
+        models = {label: str(files.model_file) for label, files in variants.items()}
+        spec = json.dumps({"shape": shape, "repeats": repeats, "models": models})
+        run = subprocess.run([sys.executable, __file__, "--latency", backend, spec], capture_output=True, text=True)
+        if run.returncode != 0:
+            raise RuntimeError(run.stderr[-2000:])
+        for label, cell in json.loads(run.stdout.strip().splitlines()[-1]).items():
+            cells[label, backend] = cell
     return cells
 
 
+def latency_worker(backend: str, spec: str) -> None:
+    """``--latency`` mode: print the JSON ``{label: median ms or why it fails}`` of every model on ``backend``."""
+    job = json.loads(spec)
+    x = np.random.default_rng(7).uniform(-1, 1, job["shape"]).astype(np.float32)
+    cells, predictors = {}, {}
+    for label, model_file in job["models"].items():
+        try:
+            predictors[label] = create_predictor(find_model_files(model_file), backend=backend)
+            run_predictor(predictors[label], {"x": x})
+        except Exception as exc:  # PaddleSlim's output fails to convert on some backends
+            predictors.pop(label, None)
+            cells[label] = f"fails: {str(exc).splitlines()[0][:50]}"
+    for label, ms in interleaved_latency(predictors, {"x": x}, job["repeats"]).items():
+        cells[label] = f"{ms:.2f}"
+    print(json.dumps(cells))
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--deployed"]:
+        deployed_worker(*sys.argv[2:5])
+        return
+    if sys.argv[1:2] == ["--latency"]:
+        latency_worker(*sys.argv[2:4])
+        return
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calib", type=int, default=100)
     parser.add_argument("--eval", type=int, default=400)

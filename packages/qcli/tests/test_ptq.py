@@ -9,7 +9,6 @@ from PIL import Image
 from qcli.calib_data import load_image
 from qcli.main import main
 from qcore.demo import PIXEL_MEAN, PIXEL_STD, demo_model_dir, load_demo_data, load_demo_raw
-from qcore.errors import DataError
 from qcore.model_io import find_model_files
 
 
@@ -74,14 +73,15 @@ def test_static_from_image_folder_and_python_function(tmp_path):
     assert a == pytest.approx(b, rel=0.02)  # PNG round trip of uint8 pixels is lossless
 
 
-def test_bad_calibration_sources(tmp_path):
-    with pytest.raises(DataError, match="not a .npy file, a directory or module:function"):
-        main(["ptq", "static", str(demo_model_dir("legacy")), str(tmp_path / "o"), "--data", "nowhere.txt"])
+def test_bad_calibration_sources(tmp_path, capsys):
+    model, out = str(demo_model_dir("legacy")), str(tmp_path / "o")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(DataError, match="holds no images"):
-        main(["ptq", "static", str(demo_model_dir("legacy")), str(tmp_path / "o"), "--data", str(tmp_path / "empty")])
-    with pytest.raises(DataError, match="has no function 'nope'"):
-        main(["ptq", "static", str(demo_model_dir("legacy")), str(tmp_path / "o"), "--data", "qcore.demo:nope"])
+    cases = [("nowhere.txt", "not a .npy file, a directory or module:function"),
+             (str(tmp_path / "empty"), "holds no images"), ("qcore.demo:nope", "has no function 'nope'")]
+    for data, message in cases:
+        assert main(["ptq", "static", model, out, "--data", data]) == 5  # DataError
+        err = capsys.readouterr().err
+        assert err.startswith("qcli ptq: error: ") and message in err and err.count("\n") == 1, err
 
 
 def test_static_for_openvino_is_verified_there(demo_arrays, tmp_path, capsys):

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from qcore.errors import ModelFormatError
+from qcore.errors import ModelFormatError, OutputError
 from qcore.inference import predict
 from qcore.model_io import find_model_files, load_model, save_model
 
@@ -62,7 +62,7 @@ def test_save_never_touches_input_and_replaces_old_output(tiny_model, tmp_path):
     directory, kwargs, fmt = tiny_model
     before = {p: os.path.getmtime(directory / p) for p in os.listdir(directory)}
     model = load_model(directory, **kwargs)
-    with pytest.raises(ModelFormatError, match="input model's directory"):
+    with pytest.raises(OutputError, match="holds the input"):
         save_model(model, directory)
     out = tmp_path / "out"
     out.mkdir()
@@ -71,6 +71,7 @@ def test_save_never_touches_input_and_replaces_old_output(tiny_model, tmp_path):
     save_model(model, out)
     assert (out / "notes.txt").read_text() == "keep me"
     assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p or ".old-" in p]
+    assert not [p for p in os.listdir(out) if p.startswith(".")]
     assert {p: os.path.getmtime(directory / p) for p in os.listdir(directory)} == before
 
 

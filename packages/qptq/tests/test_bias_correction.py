@@ -64,6 +64,7 @@ def test_bias_correction_removes_mean_logit_shift_on_the_demo(demo_model, demo_d
         ptq = PostTrainingQuantization(
             model_dir=directory, sample_generator=lambda: iter(calib), batch_size=20, algo="abs_max",
             weight_bits=4, activation_bits=16, optimize_model=True, bias_correction=corrected,
+            deploy_backend="native",  # a simulation-only model: no int8 runtime runs these widths
         )
         ptq.quantize()
         logits = ptq.graph.run({"image": x})[0]

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from qcore.errors import ConfigError, DataError, GraphError
+from qcore.errors import ConfigError, DataError, GraphError, OutputError
 from qcore.graph import open_graph
 from qcore.inference import predict
 from qcore.model_io import find_model_files, load_model
@@ -137,8 +137,21 @@ def test_bad_inputs_fail_with_clear_errors(tiny_model, tiny_input, tmp_path):
         run(sample_generator=lambda: iter([]))
     with pytest.raises(DataError, match="missing"):
         run(sample_generator=None, data_loader=[{"image": tiny_input}])
-    with pytest.raises(DataError, match="check the batch shapes"):
+    with pytest.raises(DataError, match=r"batch 0, feed 'x': shape \(4, 3, 5, 5\) does not fit .*\(-1, 1, 8, 8\)"):
         run(sample_generator=lambda: iter(np.zeros((4, 3, 5, 5), np.float32)))
+    changing = [tiny_input[:2], tiny_input[:2, :, :6, :6]]  # the second batch's spatial size differs
+    with pytest.raises(DataError, match=r"batch 1, feed 'x': shape \(2, 1, 6, 6\)"):
+        run(sample_generator=None, batch_generator=lambda: iter(changing))
+    with pytest.raises(DataError, match="calibration data is constant .*0 in all 1 batches"):
+        run(sample_generator=lambda: iter(np.zeros((4, 1, 8, 8), np.float32)))
+    with pytest.raises(ConfigError, match=r"is a single str; give a list of names, e.g. \['conv2d'\]"):
+        run(quantizable_op_type="conv2d")
+    with pytest.raises(ConfigError, match="batch_nums=0 is not valid"):
+        run(batch_nums=0)
+    with pytest.raises(ConfigError, match="batch_size=2.5 is not valid"):
+        run(batch_size=2.5)
+    with pytest.raises(ConfigError, match="hist_percent='0.9' is not valid"):
+        run(hist_percent="0.9")
     nan_input = tiny_input.copy()
     nan_input[0, 0, 0, 0] = np.nan
     with pytest.raises(DataError, match="activation 'x'.*NaN"):
@@ -157,10 +170,27 @@ def test_bad_inputs_fail_with_clear_errors(tiny_model, tiny_input, tmp_path):
         ).save_quantized_model(tmp_path / "o")
 
 
-def test_all_zero_activation_is_left_in_float(tiny_model, tmp_path):
+def test_bad_outputs_and_widths_are_refused_before_calibration(tiny_model, tiny_input, tmp_path):
     directory, kwargs = tiny_model
-    zeros = np.zeros((4, 1, 8, 8), np.float32)
-    ptq = PostTrainingQuantization(sample_generator=lambda: iter(zeros), model_dir=directory, **kwargs)
-    ptq.quantize()
-    first = ptq.report["layers"][0]["inputs"]["x"]
-    assert first["threshold"] == 0.0 and "all zeros" in first["left_float"]
+    read = []
+
+    def samples():
+        read.append(1)
+        return iter(tiny_input)
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep")
+    with pytest.raises(OutputError, match="is an existing file"):
+        quant_post_static(None, directory, a_file, sample_generator=samples, **kwargs)
+    with pytest.raises(OutputError, match="plain file name"):
+        quant_post_static(None, directory, tmp_path / "o", sample_generator=samples, **kwargs,
+                          save_model_filename="m.json" if "pir" in str(directory) else "m.pdmodel",
+                          save_params_filename="../evil.pdiparams")
+    legacy = "pir" not in str(directory)
+    if legacy:
+        with pytest.raises(ConfigError, match="onednn runs legacy models with 8-bit weights and 8-bit activations"):
+            quant_post_static(None, directory, tmp_path / "o", sample_generator=samples, weight_bits=4, **kwargs)
+    assert not read and a_file.read_text() == "keep" and not (tmp_path / "evil.pdiparams").exists()
+    report = quant_post_static(None, directory, tmp_path / "o4", sample_generator=samples, weight_bits=4,
+                               deploy_backend="native", **kwargs)  # the explicit simulation-only opt-in
+    assert report["deploy_backend"] == "native" and read

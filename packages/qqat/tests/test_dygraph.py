@@ -5,7 +5,7 @@ import paddle
 import pytest
 
 from qcore.deploy import get_target
-from qcore.errors import ConfigError, QuantError
+from qcore.errors import ConfigError, OutputError, QuantError
 from qcore.graph import open_graph
 from qcore.inference import predict
 from qcore.model_io import load_model
@@ -217,6 +217,44 @@ def test_legacy_export_keeps_float_what_reads_a_clipping_avg_pool(tmp_path):
     assert "average pool" in qat.left_float[net.squeeze.layer.weight.name]
     reference = load_model(files.directory).run({"x": x})[0]
     np.testing.assert_allclose(predict(files, {"x": x})[0], reference, atol=0.02 * np.abs(reference).max())
+
+
+def test_save_writes_next_to_the_users_files(tmp_path):
+    """The prefix's directory keeps its inode, mode and other files (nothing is swapped or chmod-ed)."""
+    paddle.seed(0)
+    net = TinyConvNet()
+    qat = QAT()
+    qat.quantize(net)
+    net.train()
+    net(paddle.to_tensor(sample_input(4)))
+    par = tmp_path / "par"
+    par.mkdir(mode=0o755)
+    (par / "train.log").write_text("mine")
+    before = par.stat()
+    qat.save_quantized_model(net, par / "inference", TINY_SPEC, family="legacy")
+    assert (par.stat().st_ino, par.stat().st_mode) == (before.st_ino, before.st_mode)
+    assert sorted(p.name for p in par.iterdir()) == ["inference.pdiparams", "inference.pdmodel", "train.log"]
+    with pytest.raises(OutputError, match=r"already holds another model \(inference.pdmodel\)"):
+        qat.save_quantized_model(net, par / "inference", TINY_SPEC, family="pir")  # would sit beside the old one
+
+
+def test_widths_no_int8_kernel_runs_are_refused_before_the_export(tmp_path):
+    paddle.seed(0)
+    net = TinyConvNet()
+    qat = QAT({"weight_bits": 4})
+    qat.quantize(net)
+    net.train()
+    net(paddle.to_tensor(sample_input(4)))
+    with pytest.raises(ConfigError, match="onednn runs legacy models with 8-bit weights .* deploy_backend='native'"):
+        qat.save_quantized_model(net, tmp_path / "m", TINY_SPEC, family="legacy")
+    assert not (tmp_path / "m.pdmodel").exists()
+    files = qat.save_quantized_model(net, tmp_path / "m", TINY_SPEC, family="legacy", deploy_backend="native")
+    graph = open_graph(load_model(files.directory))
+    codes = [graph.get_param(n) for n in graph.param_names() if n.endswith(".quantized")]
+    assert codes and max(int(np.abs(c).max()) for c in codes) == 7  # 4-bit codes
+    x = sample_input(4)
+    simulated = load_model(files.directory).run({"x": x})[0]
+    np.testing.assert_allclose(predict(files, {"x": x}, backend="native")[0], simulated, atol=1e-5)
 
 
 def test_save_needs_a_quantized_model(tmp_path):

@@ -9,6 +9,7 @@ arguments elsewhere (for example the PTQ ``algo``).
 from __future__ import annotations
 
 import numbers
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -92,11 +93,27 @@ def _choices_text(choices: Iterable[Any]) -> str:
     return ", ".join(repr(c) for c in choices)
 
 
+def short_repr(value: Any, limit: int = 120) -> str:
+    """``repr(value)`` on one line, cut to ``limit`` characters (for one-line error messages)."""
+    text = re.sub(r"\s*\n\s*", " ", repr(value))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_choice(value: Any, choice: Any) -> bool:
+    """``value == choice`` without surprises: arrays and containers never match, bools only bools."""
+    if value is choice:
+        return True
+    if isinstance(value, bool) or isinstance(choice, bool) or not isinstance(value, (str, numbers.Number)):
+        return False
+    return bool(value == choice)
+
+
 def validate_choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
-    """Return ``value`` if it is one of ``choices``; else raise ConfigError naming ``name``,
-    the closest choice (case-insensitive match first) and all valid choices."""
-    if value in choices:
-        return value
+    """Return the choice equal to ``value``; else raise ConfigError naming ``name``, the closest
+    choice (case-insensitive match first) and all valid choices."""
+    for choice in choices:
+        if _is_choice(value, choice):
+            return choice
     hint = ""
     if isinstance(value, str):
         names = [c for c in choices if isinstance(c, str)]
@@ -105,7 +122,7 @@ def validate_choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
             f" (did you mean {same_letters[0]!r}?)" if same_letters else did_you_mean(value, names)
         )
     raise ConfigError(
-        f"{name}={value!r} is not valid{hint}; valid choices: {_choices_text(choices)}"
+        f"{name}={short_repr(value)} is not valid{hint}; valid choices: {_choices_text(choices)}"
     )
 
 
@@ -136,48 +153,54 @@ def validate_bits(name: str, value: Any, lo: int = BITS_MIN, hi: int = BITS_MAX)
     """Return ``value`` as int if it is an integer (not a bool) in ``lo..hi``, else raise."""
     if _is_int(value) and lo <= value <= hi:
         return int(value)
-    raise ConfigError(f"{name}={value!r} is not valid; valid choices: an int from {lo} to {hi}")
+    raise ConfigError(f"{name}={short_repr(value)} is not valid; valid choices: an int from {lo} to {hi}")
 
 
 def _bool(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
-    raise ConfigError(f"{name}={value!r} is not valid; valid choices: True, False")
+    raise ConfigError(f"{name}={short_repr(value)} is not valid; valid choices: True, False")
 
 
 def _positive_int(name: str, value: Any) -> int:
     if _is_int(value) and value > 0:
         return int(value)
-    raise ConfigError(f"{name}={value!r} is not valid; valid choices: an int greater than 0")
+    raise ConfigError(f"{name}={short_repr(value)} is not valid; valid choices: an int greater than 0")
 
 
 def _rate(name: str, value: Any) -> float:
     if isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value < 1:
         return float(value)
     raise ConfigError(
-        f"{name}={value!r} is not valid; valid choices: a number strictly between 0 and 1"
+        f"{name}={short_repr(value)} is not valid; valid choices: a number strictly between 0 and 1"
     )
 
 
-def _names(
+def validate_names(
     name: str,
     value: Any,
     choices: Sequence[str] | None = None,
     *,
     allow_str: bool = False,
     allow_empty: bool = False,
+    noun: str = "names",
 ) -> tuple[str, ...]:
-    """A list (or tuple) of non-empty str, each in ``choices`` when given; duplicates dropped."""
-    if allow_str and isinstance(value, str):
+    """A list (or tuple) of non-empty str, each in ``choices`` when given; duplicates dropped.
+
+    A lone str is one name when ``allow_str``, else refused (it would be read letter by letter).
+    """
+    if isinstance(value, str):
+        if not allow_str:
+            example = value if choices is None or value in choices else choices[0]
+            raise ConfigError(f"{name}={short_repr(value)} is a single str; give a list of {noun}, e.g. [{example!r}]")
         value = [value]
     ok = isinstance(value, (list, tuple)) and (allow_empty or len(value) > 0)
     if not ok or not all(isinstance(v, str) and v for v in value):
         expected = "a str or a list of str" if allow_str else "a list of str"
         what = "non-empty str" if allow_empty else "at least one non-empty str"
-        raise ConfigError(f"{name}={value!r} is not valid; valid choices: {expected} ({what})")
+        raise ConfigError(f"{name}={short_repr(value)} is not valid; valid choices: {expected} ({what})")
     if choices is not None:
-        for i, item in enumerate(value):
-            validate_choice(f"{name}[{i}]", item, choices)
+        value = [validate_choice(f"{name}[{i}]", item, choices) for i, item in enumerate(value)]
     return tuple(dict.fromkeys(value))
 
 
@@ -187,8 +210,8 @@ _VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
     "activation_quantize_type": lambda k, v: validate_choice(k, v, ACTIVATION_QUANTIZE_TYPES),
     "weight_bits": validate_bits,
     "activation_bits": validate_bits,
-    "not_quant_pattern": lambda k, v: _names(k, v, allow_str=True, allow_empty=True),
-    "quantize_op_types": lambda k, v: _names(k, v, SUPPORTED_QUANTIZE_OP_TYPES),
+    "not_quant_pattern": lambda k, v: validate_names(k, v, allow_str=True, allow_empty=True),
+    "quantize_op_types": lambda k, v: validate_names(k, v, SUPPORTED_QUANTIZE_OP_TYPES, noun="op types"),
     "dtype": lambda k, v: validate_choice(k, v, QUANT_DTYPES),
     "window_size": _positive_int,
     "moving_rate": _rate,
@@ -196,7 +219,7 @@ _VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
     "is_full_quantize": _bool,
     "weight_preprocess_type": lambda k, v: validate_choice(k, v, PREPROCESS_TYPES),
     "activation_preprocess_type": lambda k, v: validate_choice(k, v, PREPROCESS_TYPES),
-    "quantizable_layer_type": lambda k, v: _names(k, v, QUANTIZABLE_LAYER_TYPES),
+    "quantizable_layer_type": lambda k, v: validate_names(k, v, QUANTIZABLE_LAYER_TYPES, noun="layer types"),
 }
 
 _S, _D = QUANT_CONFIG_DEFAULT, DYGRAPH_CONFIG_DEFAULT
@@ -238,7 +261,7 @@ class QuantConfig:
         (e.g. ``DYGRAPH_CONFIG_KEYS``); keys outside it raise ConfigError like unknown keys."""
         d = {} if d is None else d
         if not isinstance(d, Mapping):
-            raise ConfigError(f"config must be a dict, got {type(d).__name__}: {d!r}")
+            raise ConfigError(f"config must be a dict, got {type(d).__name__}: {short_repr(d)}")
         known = [f.name for f in fields(cls)]
         valid = known
         if allowed is not None:
@@ -251,9 +274,9 @@ class QuantConfig:
         for key in d:
             if key not in valid:
                 what = (
-                    f"config key {key!r} is not accepted here"
+                    f"config key {short_repr(key)} is not accepted here"
                     if key in known
-                    else f"unknown config key {key!r}"
+                    else f"unknown config key {short_repr(key)}"
                 )
                 raise ConfigError(
                     f"{what}{did_you_mean(str(key), valid)}; valid keys: {', '.join(valid)}"
@@ -289,6 +312,8 @@ __all__ = [
     "STATIC_CONFIG_KEYS",
     "QuantConfig",
     "_quant_config_default",
+    "short_repr",
     "validate_bits",
     "validate_choice",
+    "validate_names",
 ]

@@ -25,6 +25,10 @@ class GraphError(QuantError, ValueError):
     """A graph rewrite cannot be applied (op, tensor or parameter not found, shape mismatch)."""
 
 
+class OutputError(QuantError, ValueError):
+    """An output location cannot be written safely (a file, the input itself, another model, read-only)."""
+
+
 class DataError(QuantError, ValueError):
     """Calibration or table data is empty, non-finite, or has the wrong shape."""
 

@@ -11,6 +11,7 @@ for one file per parameter, re-saved) under such names in a temporary directory 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import shutil
 import tempfile
@@ -26,7 +27,9 @@ from .deploy.base import marked_backend
 from .deploy.onednn import OneDnnTarget
 from .errors import ConfigError
 from .model_io import ModelFiles, find_model_files, load_model, save_model
+from .paddle_env import native_output_quiet
 
+log = logging.getLogger(__name__)
 _LINKED: list[Path] = []  # temporary copies under *.pdmodel names, removed at exit
 atexit.register(lambda: [shutil.rmtree(p, ignore_errors=True) for p in _LINKED])
 
@@ -73,7 +76,8 @@ def create_predictor(
         config = inference.Config(str(files.model_file), str(files.params_file))
     config.disable_glog_info()
     target.configure(config, threads)
-    return inference.create_predictor(config)
+    with native_output_quiet(not log.isEnabledFor(logging.INFO)):  # the passes print ~100 lines otherwise
+        return inference.create_predictor(config)
 
 
 def _is_quantized(files: ModelFiles) -> bool:

@@ -7,15 +7,13 @@ Formats (``model_filename`` / ``params_filename`` keep PaddleSlim's meaning):
   ``__model__`` + one file per parameter (``params_filename=None``).
 
 A loaded :class:`Model` owns its own scope, so loading never touches another model's
-parameters, and nothing here ever writes to the input files. :func:`save_model` stages the
-output in a temporary directory and renames it into place.
+parameters, and nothing here ever writes to the input files. :func:`save_model` writes through
+:func:`qcore.outputs.staged_output`: the output directory always holds the old model or the new one.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,8 @@ from typing import Any
 import numpy as np
 import paddle
 
-from .errors import ModelFormatError
+from .errors import ModelFormatError, OutputError
+from .outputs import check_file_name, check_output_dir, staged_output
 from .paddle_env import FAMILIES, Family, cpu_executor, static_mode
 
 PARAMS_SUFFIX = ".pdiparams"
@@ -287,52 +286,61 @@ def output_filenames(
     return model_filename, params_filename
 
 
+def model_files_in(directory: Path) -> list[str]:
+    """Names of the files in ``directory`` a loader could take for a model program."""
+    if not directory.is_dir():
+        return []
+    names = [p.name for p in directory.iterdir() if p.is_file()]
+    return sorted(
+        n for n in names
+        if n == "__model__" or n.endswith(".pdmodel") or (n.endswith(".json") and n[:-5] + PARAMS_SUFFIX in names)
+    )  # fmt: skip
+
+
+def check_model_output(
+    save_dir: str | os.PathLike[str],
+    family: Family,
+    model_filename: str | None = None,
+    params_filename: str | None = None,
+    source: ModelFiles | None = None,
+) -> tuple[str, str | None]:
+    """Refuse, before any work, a model output that cannot be written safely; returns the file names.
+
+    Refused (:class:`OutputError`): file names that leave the directory, an output that is a file,
+    the input's directory or one holding it, and a directory holding another model under other
+    names (a loader could pick the wrong one).
+    """
+    model_name, params_name = output_filenames(family, model_filename, params_filename)
+    check_file_name(model_name, "model_filename")
+    if params_name is not None:
+        check_file_name(params_name, "params_filename")
+    out = check_output_dir(save_dir, [source.directory] if source is not None else [])
+    others = [n for n in model_files_in(out) if n != model_name]
+    if others:
+        raise OutputError(
+            f"{out} already holds another model ({', '.join(others)}); remove it or choose another output directory"
+        )
+    return model_name, params_name
+
+
 def save_model(
     model: Model,
     save_dir: str | os.PathLike[str],
     model_filename: str | None = None,
     params_filename: str | None = None,
 ) -> ModelFiles:
-    """Save ``model`` into ``save_dir`` atomically and return where it went.
+    """Save ``model`` into ``save_dir`` safely (:mod:`qcore.outputs`) and return where it went.
 
     ``params_filename=None`` with a ``model_filename`` writes one file per parameter (legacy
-    family only, as in PaddleSlim). The directory is staged next to ``save_dir`` and renamed
-    into place; files of an older model there are replaced only once the new one is complete.
+    family only, as in PaddleSlim). The parameters are moved into place first, the program file
+    last; other files in ``save_dir`` are left alone. :func:`check_model_output` runs first.
     """
-    save_dir = Path(save_dir).resolve()
-    if model.source is not None and save_dir == model.source.directory.resolve():
-        raise ModelFormatError(
-            f"refusing to write into the input model's directory {save_dir}; choose another save dir"
-        )
-    model_name, params_name = output_filenames(model.family, model_filename, params_filename)
-    save_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{save_dir.name}.tmp-", dir=save_dir.parent))
-    try:
-        with static_mode(model.family, model.scope):
-            if model.family == "legacy":
-                _write_legacy(model, staging, model_name, params_name)
-            else:
-                assert params_name is not None
-                _write_pir(model, staging, model_name, params_name)
-        _swap_into_place(staging, save_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return ModelFiles(
-        save_dir / model_name, save_dir / params_name if params_name else None, model.family
-    )
-
-
-def _swap_into_place(staging: Path, target: Path) -> None:
-    """Rename ``staging`` to ``target``; unrelated files already in ``target`` are kept."""
-    if not target.exists():
-        os.replace(staging, target)
-        return
-    backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-    os.replace(target, backup / target.name)
-    os.replace(staging, target)
-    old = backup / target.name
-    for entry in old.iterdir():
-        if not (target / entry.name).exists():
-            os.replace(entry, target / entry.name)
-    shutil.rmtree(backup, ignore_errors=True)
+    model_name, params_name = check_model_output(save_dir, model.family, model_filename, params_filename, model.source)
+    save_dir = Path(save_dir)
+    with staged_output(save_dir, last=[model_name]) as staging, static_mode(model.family, model.scope):
+        if model.family == "legacy":
+            _write_legacy(model, staging, model_name, params_name)
+        else:
+            assert params_name is not None
+            _write_pir(model, staging, model_name, params_name)
+    return ModelFiles(save_dir / model_name, save_dir / params_name if params_name else None, model.family)

@@ -8,6 +8,8 @@ program goes through :func:`static_mode` so the caller's global mode is restored
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from collections.abc import Iterator
 from typing import Literal
 
@@ -58,3 +60,25 @@ def onednn_kernels() -> Iterator[None]:
     finally:
         paddle.set_flags({"FLAGS_use_mkldnn": before})
 
+
+
+@contextlib.contextmanager
+def native_output_quiet(quiet: bool = True) -> Iterator[None]:
+    """Send what Paddle's C++ code prints to stdout / stderr (e.g. the oneDNN passes' ``--- fused ...``
+    lines) to /dev/null for the body; ``quiet=False`` leaves the streams alone."""
+    if not quiet:
+        yield
+        return
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)

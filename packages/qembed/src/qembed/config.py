@@ -14,11 +14,14 @@ Flat per-table keys also act as defaults for every op type, so both forms mix. `
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Union
 
-from qcore.config import validate_bits, validate_choice
+import numpy as np
+
+from qcore.config import short_repr, validate_bits, validate_choice, validate_names
 from qcore.constants import EMBEDDING_OP_TYPES, EMBEDDING_QUANTIZE_TYPES
 from qcore.errors import ConfigError, did_you_mean
 
@@ -28,6 +31,7 @@ TOP_KEYS = ("quantize_op_types", "params_name")
 BITS_RANGE = (2, 8)  # codes are stored as int8 whatever the bit width
 DTYPES = ("int8",)
 PER_ROW_CHOICES = (False, True, "auto")
+THRESHOLD_MAX = float(np.finfo(np.float32).max)  # tables are float32
 
 
 @dataclass(frozen=True)
@@ -44,18 +48,27 @@ class TableConfig:
     def from_dict(cls, values: Mapping[str, Any], where: str) -> TableConfig:
         for key in values:
             if key not in TABLE_KEYS:
-                hint = did_you_mean(key, TABLE_KEYS)
-                raise ConfigError(f"unknown key {key!r} in {where}{hint}; valid keys: {', '.join(TABLE_KEYS)}")
+                hint = did_you_mean(str(key), TABLE_KEYS)
+                raise ConfigError(
+                    f"unknown key {short_repr(key)} in {where}{hint}; valid keys: {', '.join(TABLE_KEYS)}"
+                )
         merged = {**cls().__dict__, **values}
-        validate_choice("quantize_type", merged["quantize_type"], EMBEDDING_QUANTIZE_TYPES)
-        validate_bits("quantize_bits", merged["quantize_bits"], *BITS_RANGE)
-        validate_choice("dtype", merged["dtype"], DTYPES)
-        validate_choice("per_row", merged["per_row"], PER_ROW_CHOICES)
-        threshold = merged["threshold"]
-        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
-                                      or not threshold > 0):
-            raise ConfigError(f"threshold={threshold!r} is not valid; valid choices: None or a number > 0")
-        return cls(**merged)
+        return cls(
+            quantize_type=validate_choice("quantize_type", merged["quantize_type"], EMBEDDING_QUANTIZE_TYPES),
+            quantize_bits=validate_bits("quantize_bits", merged["quantize_bits"], *BITS_RANGE),
+            dtype=validate_choice("dtype", merged["dtype"], DTYPES),
+            threshold=_threshold(merged["threshold"]),
+            per_row=validate_choice("per_row", merged["per_row"], PER_ROW_CHOICES),
+        )
+
+
+def _threshold(value: Any) -> float | None:
+    """None, or a number in (0, float32 max] as float."""
+    if value is None:
+        return None
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value <= THRESHOLD_MAX:
+        return float(value)
+    raise ConfigError(f"threshold={short_repr(value)} is not valid; valid choices: None or a finite number > 0")
 
 
 @dataclass(frozen=True)
@@ -68,27 +81,31 @@ class EmbeddingConfig:
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any] | None) -> EmbeddingConfig:
-        config = dict(config or {})
-        op_types = config.get("quantize_op_types", list(EMBEDDING_OP_TYPES))
-        if isinstance(op_types, str):
-            op_types = [op_types]
-        for op_type in op_types:
-            validate_choice("quantize_op_types entry", op_type, EMBEDDING_OP_TYPES)
+        if config is None:
+            config = {}
+        if not isinstance(config, Mapping):
+            raise ConfigError(
+                f"the quant_embedding config must be a dict, got {type(config).__name__}: {short_repr(config)}"
+            )
         valid = TOP_KEYS + TABLE_KEYS + EMBEDDING_OP_TYPES
         for key in config:
             if key not in valid:
-                hint = did_you_mean(key, valid)
-                raise ConfigError(f"unknown quant_embedding config key {key!r}{hint}; valid keys: {', '.join(valid)}")
+                hint = did_you_mean(str(key), valid)
+                raise ConfigError(
+                    f"unknown quant_embedding config key {short_repr(key)}{hint}; valid keys: {', '.join(valid)}"
+                )
+        op_types = validate_names("quantize_op_types", config.get("quantize_op_types", EMBEDDING_OP_TYPES),
+                                  EMBEDDING_OP_TYPES, allow_str=True)
         defaults = {k: config[k] for k in TABLE_KEYS if k in config}
         tables = {}
         for op_type in op_types:
             per_op = config.get(op_type, {})
             if not isinstance(per_op, Mapping):
-                raise ConfigError(f"config[{op_type!r}] must be a dict of {', '.join(TABLE_KEYS)}; got {per_op!r}")
+                raise ConfigError(
+                    f"config[{op_type!r}] must be a dict of {', '.join(TABLE_KEYS)}; got {short_repr(per_op)}"
+                )
             tables[op_type] = TableConfig.from_dict({**defaults, **per_op}, f"config[{op_type!r}]")
         names = config.get("params_name")
-        if isinstance(names, str):
-            names = [names]
-        if names is not None and (not names or not all(isinstance(n, str) and n for n in names)):
-            raise ConfigError(f"params_name={names!r} is not valid; valid choices: a table name or a list of them")
-        return cls(tuple(op_types), tuple(names) if names is not None else None, tables)
+        if names is not None:
+            names = validate_names("params_name", names, allow_str=True)
+        return cls(op_types, names, tables)

@@ -18,7 +18,7 @@ import paddle
 
 from qcore.errors import GraphError, did_you_mean
 from qcore.graph import Graph, OpRef, open_graph
-from qcore.model_io import Model, ModelFiles, load_model
+from qcore.model_io import Model, ModelFiles, check_model_output, load_model
 from qcore.quant import qmax
 
 from .config import EmbeddingConfig, TableConfig
@@ -73,14 +73,18 @@ def quant_embedding(
     """Quantize the embedding tables of ``program`` (the seeds' API); returns the program.
 
     As in PaddleSlim the program is rewritten in place (pass ``program.clone()`` to keep the
-    original). The float tables stay in ``scope`` (default: the global scope) under their
-    names; the int8 codes and scales are added as new parameters. ``place`` is accepted for
-    compatibility; tables are written on the CPU.
+    original). The int8 codes and scales are added as new parameters; the float tables leave the
+    program and ``scope`` (default: the global scope), so every way of saving (``save_inference_model``,
+    ``save_persistables``, ``save_vars`` over the persistables) writes only the quantized ones.
+    ``place`` is accepted for compatibility; tables are written on the CPU.
     """
     del place
     family = program_family(program)
     model = Model(program, [], [], scope or paddle.static.global_scope(), family)  # type: ignore[arg-type]
-    quantize_tables(open_graph(model), config)
+    graph = open_graph(model)
+    reports = quantize_tables(graph, config)
+    read = set(graph.param_names())
+    model.scope.erase([r.name for r in reports if r.name not in read])  # the float tables no op reads now
     return program
 
 
@@ -98,13 +102,14 @@ def quant_embedding_model(
     The input files are never modified. Returns where the output went and one report per table.
     """
     model = load_model(model_dir, model_filename, params_filename)
-    graph = open_graph(model)
-    reports = quantize_tables(graph, config)
     source = model.source
     assert source is not None
     if save_model_filename is None:
         save_model_filename = source.model_file.name
         save_params_filename = source.params_file.name if source.params_file else None
+    check_model_output(save_dir, model.family, save_model_filename, save_params_filename, source)
+    graph = open_graph(model)
+    reports = quantize_tables(graph, config)
     return graph.save(save_dir, save_model_filename, save_params_filename), reports
 
 
@@ -141,6 +146,7 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> li
                 graph.quantize_weight(graph.weight_operand(op), q.bits, axis, thresholds, float_dequant=True)
             else:
                 graph.quantize_lookup(op, q.codes, q.scales, log=q.quantize_type == "log")
+        graph.drop_param_if_unused(name)
         op_types = tuple(sorted({o.seed_type or "" for o in ops}))
         reports.append(TableReport(name, op_types, table.shape, choice, whole_table))
     return reports

@@ -9,21 +9,28 @@ the convention of :mod:`qcore.quant`, which computes in float64 and may differ b
 exact ties) so one core quantizes about 1 GB/s of fp32 table. ``.npy`` tables are processed in
 chunks with plain reads and writes, so a table larger than memory is quantized with bounded RSS,
 and a quantized ``.npy`` table opens as a memory map whose lookups read only the requested rows.
+``.npy`` inputs are checked from their header (numeric dtype, size) before any work, and outputs
+appear only complete (:func:`qcore.outputs.staged_output`), never over an input.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from qcore.config import validate_bits, validate_choice
+from qcore.config import short_repr, validate_bits, validate_choice
 from qcore.constants import EMBEDDING_QUANTIZE_TYPES
-from qcore.errors import DataError
+from qcore.errors import ConfigError, DataError, OutputError
+from qcore.outputs import check_output_dir, staged_output
 from qcore.quant import log_dequantize, log_quantize, qmax
 
 BLOCK_BYTES = 1 << 20  # fp32 bytes per work block: big enough to amortise numpy calls, small enough for L2
@@ -181,8 +188,7 @@ def quantize_table(
     values = np.asarray(table, dtype=np.float32)
     if values.ndim != 2 or values.size == 0:
         raise DataError(f"an embedding table must be a non-empty 2-D array (rows, dim); got shape {values.shape}")
-    if threshold is not None and not threshold > 0:
-        raise DataError(f"threshold must be > 0, got {threshold}")
+    _check_threshold(threshold)
     if quantize_type == "abs_max":
         codes, scales = _abs_max_codes(values, bits, per_row, threshold, global_absmax)
         return QuantizedTable(codes, scales, "abs_max", bits)
@@ -251,6 +257,22 @@ def choose_table_quantization(
 
 
 # ---- .npy tables larger than memory --------------------------------------------------------
+# .npy header readers by format version; 3.0 is 2.0 with a UTF-8 header, which numeric dtypes never need.
+_HEADER_READERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+    (3, 0): np.lib.format.read_array_header_2_0,
+}
+# key of <stem>.qembed.json -> what a valid value is
+_META_KEYS = {
+    "quantize_type": "'abs_max' or 'log'",
+    "bits": "an int from 2 to 8",
+    "dim": "an int > 0",
+    "packed": "true (only with bits <= 4) or false",
+}
+_RECREATE = "re-create the table with qembed.quantize_npy"
+
+
 def _meta_path(dst: str | os.PathLike[str]) -> Path:
     return Path(str(Path(dst).with_suffix("")) + ".qembed.json")
 
@@ -275,59 +297,128 @@ def quantize_npy(
     ``pack``), ``<stem>.scales.npy`` and ``<stem>.qembed.json`` (how to read them back, see
     :func:`load_quantized_npy`). Only ``chunk_rows`` rows are resident at a time (a whole-table
     scale takes one extra read pass for the abs max), so the table may be larger than memory.
+    The three files are written in a staging directory and moved into place (the json last) only
+    when the whole table is quantized: a failed run leaves a previous output as it was.
     """
+    quantize_type = validate_choice("quantize_type", quantize_type, EMBEDDING_QUANTIZE_TYPES)
+    bits = validate_bits("quantize_bits", bits, 2, 8)
+    _check_threshold(threshold)
+    _check_chunk_rows(chunk_rows)
     shape, source_dtype, source_offset = _npy_layout(src)
-    if len(shape) != 2:
-        raise DataError(f"{src}: an embedding table must be 2-D (rows, dim); got shape {shape}")
-    validate_choice("quantize_type", quantize_type, EMBEDDING_QUANTIZE_TYPES)
-    validate_bits("quantize_bits", bits, 2, 8)
+    if len(shape) != 2 or 0 in shape:
+        raise DataError(f"{src}: an embedding table must be a non-empty 2-D array (rows, dim); got shape {shape}")
+    dst = Path(dst)
+    meta_file = _meta_path(dst)
+    _check_outputs([Path(src)], [dst, _scales_path(dst), meta_file])
     rows, dim = shape
     packed = pack and bits <= 4
-    out_shape = (rows, (dim + 1) // 2) if packed else (rows, dim)
     global_absmax = None if per_row else _npy_absmax(src, shape, source_dtype, source_offset, chunk_rows)
-    np.lib.format.open_memmap(dst, mode="w+", dtype=np.uint8 if packed else np.int8, shape=out_shape).flush()
-    _, _, target_offset = _npy_layout(dst)
     scales = np.empty(rows if per_row else 1, np.float32)
-    # plain reads and writes, not memory maps: mapped pages would count against RSS
-    with open(src, "rb") as fin, open(dst, "r+b") as fout:
-        fin.seek(source_offset)
-        fout.seek(target_offset)
-        for start, chunk in _chunks(fin, source_dtype, rows, dim, chunk_rows):
-            q = quantize_table(chunk, quantize_type, bits, per_row, threshold, global_absmax=global_absmax)
-            fout.write((q.packed_int4() if packed else q).codes.tobytes())
-            if per_row:
-                scales[start : start + len(chunk)] = q.scales
-            else:
-                scales[0] = q.scales[0]
-    np.save(_scales_path(dst), scales)
-    meta = {"quantize_type": quantize_type, "bits": bits, "dim": dim, "packed": packed}
-    _meta_path(dst).write_text(json.dumps(meta))
+    with staged_output(dst.parent, last=[meta_file.name]) as stage:
+        # plain reads and writes, not memory maps: mapped pages would count against RSS
+        with open(src, "rb") as fin, open(stage / dst.name, "wb") as fout:
+            _write_npy_header(fout, np.uint8 if packed else np.int8, (rows, (dim + 1) // 2 if packed else dim))
+            fin.seek(source_offset)
+            for start, chunk in _chunks(fin, source_dtype, rows, dim, chunk_rows):
+                q = quantize_table(chunk, quantize_type, bits, per_row, threshold, global_absmax=global_absmax)
+                fout.write((q.packed_int4() if packed else q).codes.tobytes())
+                if per_row:
+                    scales[start : start + len(chunk)] = q.scales
+                else:
+                    scales[0] = q.scales[0]
+        np.save(stage / _scales_path(dst).name, scales)
+        meta = {"quantize_type": quantize_type, "bits": bits, "dim": dim, "packed": packed}
+        (stage / meta_file.name).write_text(json.dumps(meta))
     return load_quantized_npy(dst)
 
 
 def load_quantized_npy(path: str | os.PathLike[str]) -> QuantizedTable:
-    """Open a table written by :func:`quantize_npy`; codes stay on disk as a read-only memory map."""
-    meta_file = _meta_path(path)
+    """Open a table written by :func:`quantize_npy`; codes stay on disk as a read-only memory map.
+
+    The json, the codes and the scales are checked against each other first (DataError).
+    """
+    meta_file, scales_file = _meta_path(path), _scales_path(path)
     if not meta_file.is_file():
         raise DataError(f"{meta_file} not found; {path} was not written by qembed.quantize_npy")
-    meta = json.loads(meta_file.read_text())
-    codes = np.load(path, mmap_mode="r")
-    return QuantizedTable(codes, np.load(_scales_path(path)), meta["quantize_type"], meta["bits"], meta["dim"],
-                          meta["packed"])
+    meta = _read_meta(meta_file)
+    dim, packed = meta["dim"], meta["packed"]
+    codes_dtype, width = (np.dtype(np.uint8), (dim + 1) // 2) if packed else (np.dtype(np.int8), dim)
+    shape, dtype, _ = _npy_layout(path)
+    if dtype != codes_dtype or len(shape) != 2 or shape[0] == 0 or shape[1] != width:
+        raise DataError(f"{path} holds {dtype} codes of shape {shape} but {meta_file} describes {codes_dtype} "
+                        f"codes of shape (rows, {width}); {_RECREATE}")
+    scales_shape, scales_dtype, _ = _npy_layout(scales_file)
+    if scales_dtype != np.float32 or scales_shape not in ((shape[0],), (1,)):
+        raise DataError(f"{scales_file} holds {scales_dtype} scales of shape {scales_shape}; {path} needs float32 "
+                        f"of shape ({shape[0]},) or (1,); {_RECREATE}")
+    scales = np.load(scales_file, allow_pickle=False)
+    if not (np.isfinite(scales) & (scales >= 0)).all():
+        raise DataError(f"{scales_file} holds negative or non-finite scales; {_RECREATE}")
+    codes = np.load(path, mmap_mode="r", allow_pickle=False)
+    return QuantizedTable(codes, scales, meta["quantize_type"], meta["bits"], dim, packed)
 
 
 def dequantize_npy(
     src: str | os.PathLike[str], dst: str | os.PathLike[str], chunk_rows: int = 65536
 ) -> None:
-    """Write the float32 table of a :func:`quantize_npy` output to ``dst``, chunk by chunk."""
+    """Write the float32 table of a :func:`quantize_npy` output to ``dst``, chunk by chunk.
+
+    ``dst`` is written in a staging directory and replaces any old file in one rename when complete.
+    """
+    _check_chunk_rows(chunk_rows)
     table = load_quantized_npy(src)
+    dst = Path(dst)
+    _check_outputs([Path(src), _scales_path(src), _meta_path(src)], [dst])
     rows = len(table.codes)
-    np.lib.format.open_memmap(dst, mode="w+", dtype=np.float32, shape=(rows, table.dim)).flush()
-    _, _, offset = _npy_layout(dst)
-    with open(dst, "r+b") as fout:
-        fout.seek(offset)
+    # one file: a plain replace is atomic, so nothing is held back for last
+    with staged_output(dst.parent) as stage, open(stage / dst.name, "wb") as fout:
+        _write_npy_header(fout, np.float32, (rows, table.dim))
         for start in range(0, rows, chunk_rows):
             fout.write(table.rows(np.arange(start, min(start + chunk_rows, rows))).tobytes())
+
+
+def _check_threshold(threshold: float | None) -> None:
+    if threshold is not None and not (isinstance(threshold, numbers.Real) and threshold > 0):
+        raise DataError(f"threshold must be > 0, got {short_repr(threshold)}")
+
+
+def _check_chunk_rows(chunk_rows: int) -> None:
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, numbers.Integral) or chunk_rows < 1:
+        raise ConfigError(f"chunk_rows={short_repr(chunk_rows)} is not valid; valid choices: an int greater than 0")
+
+
+def _check_outputs(inputs: list[Path], outputs: list[Path]) -> None:
+    """Refuse, before any work, outputs that are directories or would replace an input file."""
+    for out in outputs:
+        if out.is_dir():
+            raise OutputError(f"output {out} is a directory; give a file name for the output")
+        for source in inputs:
+            if out.resolve() == source.resolve() or (out.exists() and os.path.samefile(out, source)):
+                raise OutputError(f"{out} would overwrite the input {source}; "
+                                  f"choose another output name than {outputs[0]}")
+    check_output_dir(outputs[0].parent)
+
+
+def _read_meta(meta_file: Path) -> dict[str, Any]:
+    """The checked contents of a ``<stem>.qembed.json``."""
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot read {meta_file} ({_one_line(str(exc))}); {_RECREATE}") from None
+    if not isinstance(meta, dict) or set(meta) != set(_META_KEYS):
+        raise DataError(f"{meta_file} must hold a JSON object with the keys {', '.join(_META_KEYS)}; {_RECREATE}")
+    quantize_type, bits, dim, packed = (meta[k] for k in _META_KEYS)
+    valid = {
+        "quantize_type": isinstance(quantize_type, str) and quantize_type in EMBEDDING_QUANTIZE_TYPES,
+        "bits": type(bits) is int and 2 <= bits <= 8,
+        "dim": type(dim) is int and dim > 0,
+        "packed": packed is False or (packed is True and type(bits) is int and bits <= 4),
+    }
+    for key, ok in valid.items():
+        if not ok:
+            raise DataError(f"{meta_file}: {key}={short_repr(meta[key])} is not valid (expected {_META_KEYS[key]}); "
+                            f"{_RECREATE}")
+    return meta
 
 
 def _chunks(fin, dtype: np.dtype, rows: int, dim: int, chunk_rows: int):  # type: ignore[no-untyped-def]
@@ -350,12 +441,45 @@ def _npy_absmax(src: str | os.PathLike[str], shape: tuple[int, ...], dtype: np.d
     return top
 
 
+def _one_line(text: str, limit: int = 120) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _write_npy_header(f: BinaryIO, dtype: type[np.generic], shape: tuple[int, int]) -> None:
+    """Start a C-ordered ``.npy`` file; the caller appends the data."""
+    descr = np.lib.format.dtype_to_descr(np.dtype(dtype))
+    np.lib.format.write_array_header_1_0(f, {"descr": descr, "fortran_order": False, "shape": shape})
+
+
 def _npy_layout(path: str | os.PathLike[str]) -> tuple[tuple[int, ...], np.dtype, int]:
-    """Shape, dtype and data offset of a C-ordered ``.npy`` file."""
-    with open(path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, fortran, dtype = read_header(f)
-        if fortran:
-            raise DataError(f"{path}: Fortran-ordered tables are not supported; save it C-ordered")
-        return shape, dtype, f.tell()
+    """Shape, dtype and data offset of a C-ordered numeric ``.npy`` file, checked against its size.
+
+    Only the header is parsed, by numpy's bounded header reader: nothing is unpickled and no bytes
+    are taken for pointers, so a crafted file gives DataError, never a crash.
+    """
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version not in _HEADER_READERS:
+                raise ValueError(f"format version {version[0]}.{version[1]} is not 1.0, 2.0 or 3.0")
+            shape, fortran, dtype = _HEADER_READERS[version](f)
+            offset, size = f.tell(), os.fstat(f.fileno()).st_size
+    except OSError as exc:
+        raise DataError(f"cannot read {path} ({_one_line(str(exc))}); give the path of a .npy table") from None
+    except (ValueError, TypeError, SyntaxError, tokenize.TokenError) as exc:  # numpy re-tokenizes odd headers
+        raise DataError(f"{path} is not a valid .npy file ({_one_line(str(exc))}); save the table with numpy.save"
+                        ) from None
+    if not (dtype.kind in "iu" or (dtype.kind == "f" and dtype.itemsize <= 8)):
+        raise DataError(f"{path} holds {_one_line(str(dtype))} values; save the table as float32 "
+                        "(float16/32/64 and integer dtypes also work)")
+    if not all(type(n) is int and n >= 0 for n in shape):
+        raise DataError(f"{path}: the header's shape {shape} is not valid; save the table with numpy.save")
+    if fortran:
+        raise DataError(f"{path}: Fortran-ordered tables are not supported; save it C-ordered "
+                        "(numpy.ascontiguousarray)")
+    expected = offset + math.prod(shape) * dtype.itemsize
+    if size != expected:
+        raise DataError(f"{path} is truncated or has trailing bytes: its header needs {expected} bytes, the file "
+                        f"has {size}; save the table again with numpy.save")
+    return shape, dtype, offset

@@ -9,13 +9,16 @@ such as labels are ignored), or a single array for a one-input model.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import numbers
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
 import numpy as np
 
-from qcore.errors import DataError
+from qcore.errors import ConfigError, DataError
+
+FeedSpec = tuple[tuple[int, ...], str]  # (shape with -1 for free dims, dtype name): Model.feed_specs()
 
 
 def _as_array(value: Any) -> np.ndarray:
@@ -50,6 +53,38 @@ def _batched(samples: Iterable[Any], feed_names: Sequence[str], batch_size: int)
         yield {n: np.stack([c[n] for c in chunk]) for n in feed_names}
 
 
+def check_batch_arguments(sources: Sequence[Any], batch_size: Any, batch_nums: Any) -> None:
+    """Refuse, before any work, a call without exactly one data source or with bad batch numbers."""
+    given = [s for s in sources if s is not None]
+    if len(given) != 1:
+        raise DataError(
+            f"pass exactly one of sample_generator, batch_generator or data_loader (got {len(given)})"
+        )
+    if not _is_int(batch_size) or batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size!r} is not valid; valid choices: an int greater than 0")
+    if batch_nums is not None and (not _is_int(batch_nums) or batch_nums < 1):
+        raise ConfigError(f"batch_nums={batch_nums!r} is not valid; valid choices: None (all data) or an int > 0")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_feed(feed: dict[str, np.ndarray], specs: Mapping[str, FeedSpec], batch: int) -> None:
+    """Refuse a batch whose arrays do not fit the model's declared inputs (rank, fixed dims, dtype kind)."""
+    for name, array in feed.items():
+        shape, dtype = specs[name]
+        where = f"calibration batch {batch}, feed {name!r}"
+        if array.dtype.kind not in "biuf":
+            raise DataError(f"{where}: dtype {array.dtype} is not numeric; the model expects {dtype}")
+        fits = len(array.shape) == len(shape) and all(d < 0 or d == a for d, a in zip(shape, array.shape))
+        if not fits:
+            raise DataError(
+                f"{where}: shape {tuple(array.shape)} does not fit the model's input {shape} (-1 = any); "
+                "resize the samples or check the sample/batch generator"
+            )
+
+
 def feed_batches(
     feed_names: Sequence[str],
     *,
@@ -58,27 +93,38 @@ def feed_batches(
     data_loader: Iterable[Any] | None = None,
     batch_size: int = 16,
     batch_nums: int | None = None,
+    specs: Mapping[str, FeedSpec] | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Feed dicts from exactly one of the three sources, at most ``batch_nums`` of them."""
-    given = [s for s in (sample_generator, batch_generator, data_loader) if s is not None]
-    if len(given) != 1:
-        raise DataError(
-            "pass exactly one of sample_generator, batch_generator or data_loader "
-            f"(got {len(given)})"
-        )
-    if batch_size < 1:
-        raise DataError(f"batch_size must be >= 1, got {batch_size}")
+    """Feed dicts from exactly one of the three sources, at most ``batch_nums`` of them.
+
+    With the model's feed ``specs`` every batch is checked against them (:func:`check_feed`), and
+    data whose float feeds never vary (all zeros, one constant) is refused at the end.
+    """
+    check_batch_arguments((sample_generator, batch_generator, data_loader), batch_size, batch_nums)
     if sample_generator is not None:
         batches: Iterable[dict[str, np.ndarray]] = _batched(_call(sample_generator), feed_names, batch_size)
     else:
         source = _call(batch_generator) if batch_generator is not None else data_loader
         batches = (to_feed(b, feed_names) for b in source)  # type: ignore[union-attr]
     count = 0
+    ranges: dict[str, tuple[float, float]] = {}
     for batch in islice(batches, batch_nums):
+        if specs is not None:
+            check_feed(batch, specs, count)
+        for name, array in batch.items():
+            if array.dtype.kind == "f" and array.size:
+                lo, hi = ranges.get(name, (np.inf, -np.inf))
+                ranges[name] = (min(lo, float(array.min())), max(hi, float(array.max())))
         count += 1
         yield batch
     if count == 0:
         raise DataError("calibration data is empty: the generator/loader yielded no batch; check the reader")
+    if ranges and all(lo == hi for lo, hi in ranges.values()):
+        value = next(iter(ranges.values()))[0]
+        raise DataError(
+            f"calibration data is constant (every float input is {value:g} in all {count} batches): thresholds "
+            "from it would be meaningless; feed real samples"
+        )
 
 
 def _call(source: Any) -> Iterable[Any]:

@@ -12,12 +12,12 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from qcore.config import validate_choice
+from qcore.config import validate_choice, validate_names
 from qcore.constants import WEIGHT_QUANTIZE_TYPES
 from qcore.deploy import get_target
 from qcore.errors import ConfigError
 from qcore.graph import open_graph
-from qcore.model_io import ModelFiles, load_model
+from qcore.model_io import ModelFiles, check_model_output, load_model
 
 from .naming import output_names
 
@@ -48,15 +48,16 @@ def quant_post_dynamic(
     stores it int8 read through cast -> multiply.
     """
     target = get_target(deploy_backend)
-    if weight_bits not in (8, 16) or isinstance(weight_bits, bool):
+    if isinstance(weight_bits, bool) or not isinstance(weight_bits, int) or weight_bits not in (8, 16):
         raise ConfigError(
             f"weight_bits={weight_bits!r} is not supported; quant_post_dynamic stores int8 or int16: use 8 or 16"
         )
-    for op_type in quantizable_op_type:
-        validate_choice("quantizable_op_type", op_type, DYNAMIC_OP_TYPES)
+    validate_names("quantizable_op_type", quantizable_op_type, DYNAMIC_OP_TYPES)
     validate_choice("weight_quantize_type", weight_quantize_type, WEIGHT_QUANTIZE_TYPES[:2])
     per_channel = weight_quantize_type == "channel_wise_abs_max"
     graph = open_graph(load_model(model_dir, model_filename, params_filename))
+    names = output_names(graph.family, save_model_filename, save_params_filename)
+    check_model_output(save_model_dir, graph.family, *names, graph.model.source)
     test_graph = open_graph(load_model(model_dir, model_filename, params_filename)) if generate_test_model else None
     ops = graph.ops(list(quantizable_op_type))
     twins = test_graph.ops(list(quantizable_op_type)) if test_graph is not None else [None] * len(ops)
@@ -72,7 +73,6 @@ def quant_post_dynamic(
         stored = graph.quantize_weight(weight, weight_bits, axis, float_dequant=cast)
         if test_graph is not None:
             test_graph.replace_weight(test_graph.weight_operand(twin), stored.dequantized(), "fake_quantized")
-    names = output_names(graph.family, save_model_filename, save_params_filename)
     files = graph.save(save_model_dir, *names)
     if test_graph is not None:
         test_graph.save(Path(save_model_dir) / "test_model", *names)

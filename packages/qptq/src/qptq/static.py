@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from qcore.config import check_paddleslim_keywords, validate_bits, validate_choice
+from qcore.config import check_paddleslim_keywords, validate_bits, validate_choice, validate_names
 from qcore.constants import (
     ACTIVATION_QUANTIZE_TYPES,
     QUANT_DEQUANT_PASS_OP_TYPES,
@@ -27,12 +27,13 @@ from qcore.deploy.base import mark_model
 from qcore.deploy.onednn import OneDnnTarget
 from qcore.errors import ConfigError
 from qcore.graph import Graph, open_graph
-from qcore.model_io import ModelFiles, load_model
+from qcore.model_io import ModelFiles, check_model_output, load_model
+from qcore.outputs import write_bytes
 from qcore.thresholds import ALIASES, thresholds_all_algos
 
 from .bias_correction import correct_bias, input_means
 from .calibrate import Calibration, calibrate
-from .data import feed_batches
+from .data import check_batch_arguments, feed_batches
 from .naming import output_names
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,11 @@ class PostTrainingQuantization:
         skip_tensor_list: Sequence[str] | None = None,
     ) -> None:
         if model_dir is None:
-            raise ValueError("model_dir is required: the directory (or path prefix) of the float model")
+            raise ConfigError("model_dir is required: the directory (or path prefix) of the float model")
+        check_batch_arguments((sample_generator, batch_generator, data_loader), batch_size, batch_nums)
+        validate_names("quantizable_op_type", quantizable_op_type)
+        if isinstance(hist_percent, bool) or not isinstance(hist_percent, (int, float)) or not 0 < hist_percent <= 1:
+            raise ConfigError(f"hist_percent={hist_percent!r} is not valid; valid choices: a number in (0, 1]")
         validate_choice("algo", algo, ALGO_CHOICES)
         validate_choice("activation_quantize_type", activation_quantize_type, ACTIVATION_QUANTIZE_TYPES)
         validate_choice("weight_quantize_type", weight_quantize_type, WEIGHT_QUANTIZE_TYPES[:2])
@@ -114,6 +119,9 @@ class PostTrainingQuantization:
         reason = self.target.accepts(self.model.source.model_file if self.model.source else "")
         if self.deploy_backend is not None and reason is not None:
             raise ConfigError(f"deploy_backend={deploy_backend!r}: {reason}")
+        problem = self.target.bits_problem(self.weight_bits, self.activation_bits, self.model.family)
+        if problem is not None:
+            raise ConfigError(f"weight_bits={weight_bits}, activation_bits={activation_bits}: {problem}")
         if executor is not None:
             self.model.executor = executor
         self._batches = lambda: feed_batches(
@@ -123,6 +131,7 @@ class PostTrainingQuantization:
             data_loader=data_loader,
             batch_size=batch_size,
             batch_nums=batch_nums,
+            specs=self.model.feed_specs(),
         )
         self.graph: Graph | None = None
         self.report: dict[str, Any] = {}
@@ -222,7 +231,7 @@ class PostTrainingQuantization:
         assert self.cache_file is not None
         self.cache_file.parent.mkdir(parents=True, exist_ok=True)
         states = {n: {k: _jsonable(v) for k, v in o.state().items()} for n, o in calibration.observers.items()}
-        self.cache_file.write_text(json.dumps(states))
+        write_bytes(self.cache_file, json.dumps(states).encode())
         log.info("observer state checkpointed to %s", self.cache_file)
 
     def save_quantized_model(
@@ -297,6 +306,9 @@ def quant_post_static(
         deploy_backend=deploy_backend, onnx_format=onnx_format, round_type=round_type,
         skip_tensor_list=skip_tensor_list,
     )
+    family = ptq.model.family
+    check_model_output(quantize_model_path, family, *output_names(family, save_model_filename, save_params_filename),
+                       ptq.model.source)  # before calibration: a bad output fails in a second, not after
     ptq.quantize()
     ptq.save_quantized_model(quantize_model_path, save_model_filename, save_params_filename)
     return ptq.report

@@ -27,7 +27,7 @@ from qcore.deploy.apply import Planned, apply_rules
 from qcore.deploy.base import mark_model
 from qcore.errors import ConfigError, QuantError
 from qcore.graph import Graph, OpRef, open_graph
-from qcore.model_io import ModelFiles, load_model
+from qcore.model_io import ModelFiles, check_model_output, load_model
 from qcore.paddle_env import FAMILIES
 
 from .config import dygraph_config
@@ -106,6 +106,11 @@ class QAT:
             raise ConfigError(
                 f"deploy_backend={deploy_backend!r} with family={family!r}: {reason}; pass family='legacy'"
             )
+        problem = target.bits_problem(self.config.weight_bits, self.config.activation_bits, family)
+        if problem is not None:
+            raise ConfigError(
+                f"weight_bits={self.config.weight_bits}, activation_bits={self.config.activation_bits}: {problem}"
+            )
         wrapped = quanted_layers(model)
         if not wrapped:
             raise QuantError("the model has no quantized layer; call QAT(config).quantize(model) and train first")
@@ -114,6 +119,8 @@ class QAT:
         if fold and not per_channel:
             raise ConfigError("fold_bn=True needs weight_quantize_type='channel_wise_abs_max' without weight PACT")
         prefix = Path(path)
+        suffix = ".json" if family == "pir" else ".pdmodel"
+        check_model_output(prefix.parent, family, prefix.name + suffix, prefix.name + ".pdiparams")
         with tempfile.TemporaryDirectory(prefix="qqat-export-") as tmp:
             _export_float(model, Path(tmp) / "model", input_spec, family)
             graph = open_graph(load_model(tmp))
@@ -123,7 +130,6 @@ class QAT:
             self.left_float = self._quantize_ops(graph, targets, fold, target)
             if deploy_backend is not None:
                 mark_model(graph, target)
-            suffix = ".json" if family == "pir" else ".pdmodel"
             return graph.save(prefix.parent, prefix.name + suffix, prefix.name + ".pdiparams")
 
     def _quantize_ops(

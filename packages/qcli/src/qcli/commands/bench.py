@@ -12,6 +12,7 @@ from qcore.deploy import BACKEND_NAMES
 from qcore.deploy.verify import markdown_table, verify
 from qcore.errors import ConfigError, DataError
 from qcore.model_io import ModelFiles, find_model_files, load_model
+from qcore.outputs import write_bytes
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
               f"median of {args.repeats} interleaved runs\n")
         print(markdown_table(results[f"batch {batch}"]))
     if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1))
+        write_bytes(args.json, json.dumps(results, indent=1).encode())
     return 0
 
 

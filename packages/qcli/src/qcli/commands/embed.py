@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from qcore.errors import ConfigError
+
 from ..plugins import require
 
 PER_ROW = {"off": False, "on": True, "auto": "auto"}
@@ -78,7 +80,7 @@ def _run_model(qembed: Any, args: argparse.Namespace) -> int:
 def _run_table(qembed: Any, args: argparse.Namespace) -> int:
     per_row = PER_ROW[args.per_row or "on"]
     if per_row == "auto":
-        raise SystemExit("qcli embed: --per-row auto needs the table in memory; use on or off for a .npy table")
+        raise ConfigError("--per-row auto needs the table in memory; use on or off for a .npy table")
     start = time.perf_counter()
     table = qembed.quantize_npy(args.source, args.out, args.quantize_type, args.bits, per_row, args.threshold,
                                 args.chunk_rows)
@@ -93,11 +95,6 @@ def _run_table(qembed: Any, args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     qembed = require("embed")
-    from qcore.errors import QuantError
-
-    try:
-        if args.source.suffix == ".npy":
-            return _run_table(qembed, args)
-        return _run_model(qembed, args)
-    except QuantError as exc:
-        raise SystemExit(f"qcli embed: {exc}") from None
+    if args.source.suffix == ".npy":
+        return _run_table(qembed, args)
+    return _run_model(qembed, args)

@@ -13,8 +13,9 @@ import numpy as np
 
 from qcore.deploy import BACKEND_NAMES
 from qcore.deploy.verify import markdown_table, verify
-from qcore.errors import DataError
+from qcore.errors import DataError, OutputError
 from qcore.model_io import ModelFiles, find_model_files, load_model
+from qcore.outputs import write_bytes
 
 from ..calib_data import sample_source
 from ..evaluation import agreement, deployed_outputs, executor_outputs, top1
@@ -64,7 +65,7 @@ CPU_BACKENDS = ("onednn", "openvino", "native")
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", type=Path, help="model directory, path prefix or model file (PIR .json or legacy)")
-    p.add_argument("out", type=Path, help="directory for the quantized model (replaced atomically)")
+    p.add_argument("out", type=Path, help="directory for the quantized model (other files there are kept)")
     p.add_argument("--model-filename", default=None)
     p.add_argument("--params-filename", default=None)
     p.add_argument("--report", type=Path, default=None, help="write a JSON report here (default OUT.report.json)")
@@ -77,6 +78,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def run_dynamic(args: argparse.Namespace) -> int:
     qptq = require("ptq")
+    _report_path(args)
     source = find_model_files(args.model, args.model_filename, args.params_filename)
     start = time.perf_counter()
     files = qptq.quant_post_dynamic(
@@ -90,6 +92,7 @@ def run_dynamic(args: argparse.Namespace) -> int:
 
 def run_static(args: argparse.Namespace) -> int:
     qptq = require("ptq")
+    _report_path(args)
     source = find_model_files(args.model, args.model_filename, args.params_filename)
     image_shape = functools.partial(_sample_shape, source, args.input_shape)
     samples = sample_source(args.data, image_shape, _floats(args.mean), _floats(args.std))
@@ -106,6 +109,18 @@ def run_static(args: argparse.Namespace) -> int:
     )
     report = {"method": "static", **ptq_report}
     return _finish(args, source, find_model_files(args.out), report, time.perf_counter() - start)
+
+
+def _report_path(args: argparse.Namespace) -> Path:
+    """Where the JSON report goes; refused before any work when its directory is missing or is a file."""
+    if args.report is None:  # next to OUT, whose parent the save creates
+        return args.out.with_name(args.out.name + ".report.json")
+    path = args.report
+    if not path.parent.is_dir():
+        raise OutputError(f"--report {path}: directory {path.parent} does not exist; create it or choose another path")
+    if path.is_dir():
+        raise OutputError(f"--report {path} is a directory; give a file path such as {path / 'report.json'}")
+    return path
 
 
 def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, report: dict, seconds: float) -> int:
@@ -125,8 +140,8 @@ def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, repor
     feed = {load_model(source).feed_names[0]: np.load(args.eval_data)[:8]} if args.eval_data else _random_feed(source)
     if feed is not None:
         report["verified"] = verify(source, out, feed, [args.backend] if args.backend else CPU_BACKENDS)
-    path = args.report or args.out.with_name(args.out.name + ".report.json")
-    path.write_text(json.dumps(report, indent=1))
+    path = _report_path(args)
+    write_bytes(path, json.dumps(report, indent=1).encode())
     sizes = report["sizes"]
     print(f"quantized model: {out.model_file} ({report['seconds']} s); params {sizes['float_params_bytes']:,} -> "
           f"{sizes['quantized_params_bytes']:,} bytes ({sizes['ratio']:.2f}x); report: {path}")

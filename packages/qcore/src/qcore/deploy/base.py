@@ -116,6 +116,8 @@ class DeployTarget(ABC):
     float_dequant_weights: ClassVar[frozenset[str]] = frozenset()
     #: how residual joins are quantized: "both" inputs of every join, "none", or the target's own rule ("fused")
     residual_adds: ClassVar[str] = "both"
+    #: (weight bits, activation bits) of the int8 kernels; None: any width (the target runs float kernels)
+    kernel_bits: ClassVar[tuple[int, int] | None] = (8, 8)
     #: runs int8 dot products on an x86 CPU, where without VNNI they saturate (:mod:`qcore.deploy.host`)
     cpu_int8: ClassVar[bool] = False
 
@@ -162,6 +164,14 @@ class DeployTarget(ABC):
     def rules(self, graph: Graph, targets: list[OpTarget], float_inputs: Iterable[str] = ()) -> ModelRules:
         """The rules for one model about to get QDQ on ``targets``."""
         return ModelRules(self, graph)
+
+    def bits_problem(self, weight_bits: int, activation_bits: int, family: str) -> str | None:
+        """Why the runtime cannot run a ``family`` model quantized to these widths, or None."""
+        if self.kernel_bits in (None, (weight_bits, activation_bits)) or family not in self.int8_families:
+            return None
+        w, a = self.kernel_bits
+        return (f"{self.name} runs {family} models with {w}-bit weights and {a}-bit activations only; use "
+                f"weight_bits={w}, activation_bits={a}, or deploy_backend='native' for a simulation-only model")
 
     def host_problem(self) -> str | None:
         """Why this runtime's int8 kernels on this machine run a quantized model unlike its simulation, or None."""

@@ -189,6 +189,18 @@ class Graph(ABC):
     def param_names(self) -> list[str]:
         """Names of every parameter the program reads (what a save writes)."""
 
+    def drop_param_if_unused(self, name: str) -> None:
+        """Remove parameter ``name`` from the program when no op reads it any more (the scope keeps it)."""
+        try:
+            value = self._param_value(name)
+        except KeyError:  # already gone
+            return
+        self._drop_if_unused(value)
+
+    @abstractmethod
+    def _drop_if_unused(self, value: Any) -> None:
+        """Remove the parameter ``value`` (a name or a PIR value) from the program if nothing reads it."""
+
     # ---- rewriting --------------------------------------------------------------------
     def insert_act_qdq(self, operand: Operand, threshold: float, bits: int = 8, unsigned: bool = False) -> None:
         """Make ``operand``'s op read a quantize->dequantize copy of the activation.

@@ -92,6 +92,16 @@ class LegacyGraph(Graph):
 
     def _set_operand(self, operand: Operand, value: str) -> None:
         operand.op.raw._rename_input(operand.value, value)
+        self._drop_if_unused(operand.value)
+
+    def _drop_if_unused(self, name: str) -> None:
+        """Remove the declaration of a parameter nobody reads any more, so no way of saving writes it
+        (``save_persistables`` walks the program's persistable variables). The scope keeps its value."""
+        var = self.block._find_var_recursive(name)
+        if var is None or not var.persistable or name not in self.block.vars:
+            return
+        if not any(name in op.input_arg_names for block in self.model.program.blocks for op in block.ops):
+            self.block._remove_var(name)
 
     def _tmp_var(self, name: str, like: str) -> str:
         src = self.block._find_var_recursive(like)
