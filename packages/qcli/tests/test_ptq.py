@@ -110,3 +110,15 @@ def test_unknown_backend_is_one_line_with_the_choices(capsys):
     with pytest.raises(SystemExit):
         main(["ptq", "static", "m", "o", "--data", "d.npy", "--backend", "openvno"])
     assert "invalid choice: 'openvno'" in capsys.readouterr().err
+
+
+def test_static_with_an_accuracy_budget(demo_arrays, tmp_path, capsys):
+    args = ["ptq", "static", str(demo_model_dir("pir")), str(tmp_path / "int8"), "--data",
+            str(demo_arrays / "calib.npy"), "--algo", "abs_max", "--weight-bits", "4", "--batch-size", "25"]
+    assert main([*args, "--max-metric-drop", "1"]) == 3  # needs labelled data to score top-1
+    assert "give --eval-data and --eval-labels" in capsys.readouterr().err
+    assert main([*args, "--max-output-error", "0.05"]) == 0
+    budget = json.loads((tmp_path / "int8.report.json").read_text())["budget"]
+    assert budget["metric"] == "output_error" and budget["limit"] == 0.05
+    fewer = [c["score"] for c in budget["candidates"] if c["float_layers"] < budget["float_layers"]]
+    assert budget["met"] and all(score > 0.05 for score in fewer)

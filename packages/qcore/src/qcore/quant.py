@@ -9,6 +9,8 @@ axis of ``x``, and a 1-D ``scale``/``threshold`` with one entry per channel. A z
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 import numpy as np
@@ -115,50 +117,134 @@ def abs_max(x: ArrayLike, axis: int | None = None) -> float | NDArray[np.float64
     return a.max(axis=tuple(i for i in range(a.ndim) if i != ax))
 
 
-def log_quantize(
-    x: ArrayLike, bits: int = 8, axis: int | None = None, absmax: ArrayLike | None = None
-) -> tuple[NDArray[np.int8], dict[str, Any]]:
-    """Sign + power-of-two codes relative to the abs max (per tensor, or per channel along ``axis``).
+LN2 = math.log(2.0)  # log level spacing of one level per octave (powers of two)
+# fit_log_step's candidate spacings: ln2 / k for k = 2**(i/4) levels per octave, k from 1/4 to 32
+LOG_STEP_CANDIDATES = tuple(LN2 / 2.0 ** (i / 4) for i in range(-8, 21))
 
-    Scheme: code 0 is zero; a code ``c != 0`` stands for ``sign(c) * absmax * 2**-(|c| - 1)``, so
-    ``|c| - 1`` is an exponent ``e`` in ``0..qmax(bits) - 1``. ``|x|`` goes to the nearer of its two
-    bracketing powers of two in the linear domain (the split is at 3/4 of the upper one), so the
-    relative error is at most 1/3 for ``|x| >= absmax * 2**-(qmax-1)``; smaller values go to that
-    smallest level or to 0, whichever is nearer. ``bits`` is 2..8 (codes are int8). ``absmax``
-    overrides the reference (e.g. the abs max of a whole table quantized chunk by chunk); values
-    above it get the top level. Returns ``(codes, meta)`` where ``meta`` holds ``scheme``,
-    ``bits``, ``axis`` and ``absmax``.
+
+def log_levels(bits: int, step: float) -> NDArray[np.float64]:
+    """Magnitudes of the nonzero log codes 1..qmax as fractions of the abs max: ``exp(-step * (c - 1))``."""
+    return np.exp(-step * np.arange(qmax(bits)))
+
+
+def log_error_bound(step: float) -> float:
+    """Largest relative error of :func:`log_quantize` for ``absmax * min level <= |x| <= absmax``.
+
+    Nearest-level rounding errs by at most ``tanh(step / 2)`` of the value (half the gap between
+    two levels ``step`` apart, at the midpoint). The decision is read from the top 16 bits of the
+    float32 ratio, so a value within ``2**-8`` of itself from a midpoint may take the farther level.
     """
-    qm = qmax(bits)
-    if bits > 8:
-        raise ConfigError(f"log_quantize stores int8 codes; use bits from 2 to 8, not {bits}")
-    a = np.asarray(x)
-    if a.dtype != np.float32 or a.size == 0 or not np.isfinite(a).all():
-        a = as_finite(x, "x")  # float32 input stays float32 (about 10x faster); ties may differ by a level
-    mag = np.abs(a)
+    return (1 + 2.0**-8) * math.tanh(step / 2) + 2.0**-8
+
+
+@functools.lru_cache(maxsize=16)
+def _log_code_table(bits: int, step: float) -> NDArray[np.int8]:
+    """The signed code of every float32 ratio ``x / absmax``, indexed by its top 16 bits.
+
+    A key covers the floats sharing sign, exponent and the first 7 mantissa bits; it gets the
+    level nearest to its middle (ties to the larger level) in the linear domain, or 0 when that
+    is nearer than the smallest level.
+    """
+    keys = np.arange(1 << 15, dtype=np.uint32)
+    lo = (keys << 16).view(np.float32).astype(np.float64)
+    hi = ((keys + 1) << 16).view(np.float32).astype(np.float64)
+    levels = np.concatenate([[0.0], log_levels(bits, step)[::-1]])  # ascending: 0, smallest .. 1
+    with np.errstate(invalid="ignore", over="ignore"):  # the keys of inf/NaN
+        nearest = np.searchsorted((levels[1:] + levels[:-1]) / 2, (lo + hi) / 2, side="right")
+    codes = np.where(nearest > 0, len(levels) - nearest, 0).astype(np.int8)  # level index -> code
+    return np.concatenate([codes, -codes])
+
+
+def log_codes(
+    ratio: NDArray[np.float32], bits: int, step: float, out: NDArray[np.int8] | None = None,
+    index: NDArray[np.intp] | None = None,
+) -> NDArray[np.int8]:
+    """Log codes of a C-contiguous float32 ``ratio = x / absmax`` (flat int8; see :func:`log_quantize`).
+
+    One table lookup per value; ``out`` and ``index`` (intp, ``ratio.size``) are optional buffers.
+    """
+    if index is None:
+        index = np.empty(ratio.size, np.intp)
+    np.right_shift(ratio.reshape(-1).view(np.uint32), 16, out=index, casting="unsafe")
+    return np.take(_log_code_table(bits, float(step)), index, out=out, mode="wrap")
+
+
+def check_log_step(step: float) -> float:
+    """``step`` as a float; ConfigError unless it is a finite number > 0."""
+    if isinstance(step, bool) or not isinstance(step, (int, float, np.floating)) or not 0 < step < math.inf:
+        raise ConfigError(f"log step {step!r} is not valid; use a level spacing > 0 (math.log(2): one per octave)")
+    return float(step)
+
+
+def _log_absmax(a: NDArray[Any], axis: int | None, absmax: ArrayLike | None) -> NDArray[np.float64]:
+    """The reference abs max (measured, or ``absmax``) shaped to broadcast against ``a``."""
     if absmax is None:
         reduced = tuple(i for i in range(a.ndim) if axis is None or i != _channel_axis(axis, a.ndim))
-        m = mag.max(axis=reduced).astype(np.float64)
-        m = float(m) if axis is None else m
-    else:
-        m = absmax
-    mb = _broadcast(m, a.shape, axis, "absmax").astype(a.dtype)
-    ratio = np.minimum(np.divide(mag, np.where(mb > 0, mb, 1), out=mag), 1, out=mag)
-    # ratio = 1.f * 2**E: the nearer power of two is 2**-(e) with e = -E - (top bit of f), read from the bits
-    int_type, mantissa, bias = (np.int32, 23, 127) if a.dtype == np.float32 else (np.int64, 52, 1023)
-    raw = ratio.view(int_type)
-    emax = qm - 1
-    codes = bias + 1 - (raw >> mantissa) - ((raw >> (mantissa - 1)) & 1)  # e + 1
-    np.minimum(codes, emax + 1, out=codes)
-    codes[ratio < a.dtype.type(np.ldexp(0.5, -emax))] = 0  # nearer to 0 than to the smallest level (and 0)
-    sign = a.view(int_type) >> (8 * a.itemsize - 1)  # -1 where x is negative, else 0
-    return ((codes ^ sign) - sign).astype(np.int8), {"scheme": "log2", "bits": int(bits), "axis": axis, "absmax": m}
+        absmax = np.abs(a).max(axis=reduced)
+    return _broadcast(absmax, a.shape, axis, "absmax")
+
+
+def log_quantize(
+    x: ArrayLike, bits: int = 8, axis: int | None = None, absmax: ArrayLike | None = None, step: float = LN2
+) -> tuple[NDArray[np.int8], dict[str, Any]]:
+    """Sign + log-grid codes relative to the abs max (per tensor, or per channel along ``axis``).
+
+    Scheme: code 0 is zero; a code ``c != 0`` stands for ``sign(c) * absmax * exp(-step * (|c| - 1))``,
+    so the levels are ``step`` apart in the log domain (``step = ln 2``: powers of two;
+    ``ln 2 / k``: k levels per octave). ``|x|`` goes to the nearest level in the linear domain,
+    so the relative error is at most :func:`log_error_bound` down to the smallest level; smaller
+    values go to it or to 0, whichever is nearer. ``bits`` is 2..8 (codes are int8). ``absmax``
+    overrides the reference (e.g. the abs max of a whole table quantized chunk by chunk); values
+    above it get the top level. Returns ``(codes, meta)`` where ``meta`` holds ``scheme``,
+    ``bits``, ``axis``, ``absmax`` and ``step``.
+    """
+    qmax(bits)
+    if bits > 8:
+        raise ConfigError(f"log_quantize stores int8 codes; use bits from 2 to 8, not {bits}")
+    step = check_log_step(step)
+    a = np.asarray(x)
+    if a.dtype != np.float32 or a.size == 0 or not np.isfinite(a).all():
+        a = as_finite(x, "x")
+    m = _log_absmax(a, axis, absmax)
+    ratio = np.ascontiguousarray(a / np.where(m > 0, m, 1).astype(a.dtype), dtype=np.float32)
+    codes = log_codes(ratio, bits, step).reshape(a.shape)
+    reference = m.reshape(-1) if axis is not None else float(m)
+    return codes, {"scheme": "log2", "bits": int(bits), "axis": axis, "absmax": reference, "step": step}
 
 
 def log_dequantize(codes: ArrayLike, meta: dict[str, Any]) -> NDArray[np.float32]:
-    """Inverse of :func:`log_quantize`: ``sign(c) * absmax * 2**-(|c| - 1)`` as float32."""
-    if meta.get("scheme") != "log2" or "absmax" not in meta:
+    """Inverse of :func:`log_quantize`: ``sign(c) * absmax * exp(step * (1 - |c|))`` as float32."""
+    if meta.get("scheme") != "log2" or "absmax" not in meta or "step" not in meta:
         raise DataError("meta is not a log2 quantization record; pass the meta returned by log_quantize")
     c = as_finite(codes, "codes")
     m = _broadcast(meta["absmax"], c.shape, meta.get("axis"), "absmax")
-    return (np.ldexp(np.sign(c), (1 - np.abs(c)).astype(np.int64)) * m).astype(np.float32)
+    step = check_log_step(meta["step"])
+    return (np.sign(c) * np.exp(step * (1 - np.abs(c))) * m).astype(np.float32)
+
+
+def _log_round(ratio: NDArray[np.float64], qm: int, step: float) -> NDArray[np.float64]:
+    """Each ratio ``|x| / absmax`` (>= 0) rounded to the nearest of 0 and the levels, computed directly."""
+    with np.errstate(divide="ignore"):
+        j = np.clip(np.floor(-np.log(ratio) / step), 0, qm - 1)  # the level at or just above the ratio
+    upper = np.exp(-step * j)
+    lower = np.where(j < qm - 1, upper * math.exp(-step), 0.0)
+    return np.where(ratio < (upper + lower) / 2, lower, upper)
+
+
+def fit_log_step(
+    x: ArrayLike, bits: int = 8, axis: int | None = None, absmax: ArrayLike | None = None,
+    candidates: tuple[float, ...] = LOG_STEP_CANDIDATES,
+) -> float:
+    """The level spacing among ``candidates`` whose log codes give ``x`` the least squared error.
+
+    Finer steps cut the error of values in range; coarser ones reach smaller values before
+    they fall to 0. ``x``, ``axis`` and ``absmax`` as in :func:`log_quantize` (pass a sample of a big
+    table; ties go to the first candidate).
+    """
+    qm = qmax(bits)
+    a = as_finite(x, "x")
+    m = _log_absmax(a, axis, absmax)
+    ratio = np.abs(a) / np.where(m > 0, m, 1)
+    weight = np.broadcast_to(m * m, a.shape)
+    errors = [float((weight * (ratio - _log_round(ratio, qm, check_log_step(s))) ** 2).sum()) for s in candidates]
+    return float(candidates[int(np.argmin(errors))])

@@ -1,12 +1,15 @@
 """Quantizing embedding tables as plain arrays, for teams that keep tables outside Paddle.
 
 A table is a 2-D float array (rows = ids). ``abs_max`` stores int codes with one scale for the
-whole table or one per row; ``log`` stores sign + power-of-two exponent codes
-(:func:`qcore.quant.log_quantize`). Codes of 4 bits or fewer can be packed two per byte.
+whole table or one per row; ``log`` stores sign + log-grid codes relative to the abs max (one
+per table or per row) on a grid whose spacing is fitted to the table
+(:func:`qcore.quant.log_quantize`, :func:`qcore.quant.fit_log_step`). Codes of 4 bits or fewer
+can be packed two per byte.
 
-abs_max runs in float32 on cache-sized blocks (``codes = clip(rint(x / scale), -qmax, qmax)``,
-the convention of :mod:`qcore.quant`, which computes in float64 and may differ by one code on
-exact ties) so one core quantizes about 1 GB/s of fp32 table. ``.npy`` tables are processed in
+Both schemes run in float32 on cache-sized blocks so one core quantizes over 1 GB/s of fp32
+table: abs_max as ``codes = clip(rint(x / scale), -qmax, qmax)`` (the convention of
+:mod:`qcore.quant`, which computes in float64 and may differ by one code on exact ties), log by
+one table lookup per value (:func:`qcore.quant.log_codes`). ``.npy`` tables are processed in
 chunks with plain reads and writes, so a table larger than memory is quantized with bounded RSS,
 and a quantized ``.npy`` table opens as a memory map whose lookups read only the requested rows.
 ``.npy`` inputs are checked from their header (numeric dtype, size) before any work, and outputs
@@ -31,9 +34,10 @@ from qcore.config import short_repr, validate_bits, validate_choice
 from qcore.constants import EMBEDDING_QUANTIZE_TYPES
 from qcore.errors import ConfigError, DataError, OutputError
 from qcore.outputs import check_output_dir, staged_output
-from qcore.quant import log_dequantize, log_quantize, qmax
+from qcore.quant import LN2, check_log_step, fit_log_step, log_codes, log_dequantize, qmax
 
-BLOCK_BYTES = 1 << 20  # fp32 bytes per work block: big enough to amortise numpy calls, small enough for L2
+BLOCK_BYTES = 1 << 18  # fp32 bytes per work block: big enough to amortise numpy calls, small enough for L2
+LOG_FIT_VALUES = 1 << 15  # values (whole rows, evenly spaced) the log grid's spacing is fitted on
 
 
 @dataclass
@@ -41,7 +45,8 @@ class QuantizedTable:
     """Integer codes of a table plus what is needed to dequantize any subset of rows.
 
     ``codes`` is int8 ``[rows, dim]``, or uint8 ``[rows, ceil(dim / 2)]`` when ``packed`` (two
-    4-bit codes per byte, low nibble first). It may be a read-only memory map.
+    4-bit codes per byte, low nibble first). It may be a read-only memory map. A log code ``c``
+    stands for ``sign(c) * scale * exp(log_step * (1 - |c|))``.
     """
 
     codes: NDArray[np.integer]
@@ -50,6 +55,7 @@ class QuantizedTable:
     bits: int
     dim: int | None = None  # defaults to codes.shape[1]; needed when packed with an odd dim
     packed: bool = False
+    log_step: float | None = None  # log only: the levels' spacing in the natural-log domain
 
     def __post_init__(self) -> None:
         if self.dim is None:
@@ -69,7 +75,7 @@ class QuantizedTable:
         if self.packed:
             codes = unpack_int4(codes, self.dim)
         scales = self.scales[flat] if self.per_row else self.scales[:1]
-        return _dequantize(codes, scales, self.quantize_type).reshape(*idx.shape, self.dim)
+        return _dequantize(codes, scales, self.quantize_type, self.log_step).reshape(*idx.shape, self.dim)
 
     def dequantize(self) -> NDArray[np.float32]:
         """The whole float32 table."""
@@ -81,7 +87,9 @@ class QuantizedTable:
             raise DataError(f"only codes of up to 4 bits fit in a nibble; this table has {self.bits}")
         if self.packed:
             return self
-        return QuantizedTable(pack_int4(self.codes), self.scales, self.quantize_type, self.bits, self.dim, True)
+        return QuantizedTable(
+            pack_int4(self.codes), self.scales, self.quantize_type, self.bits, self.dim, True, self.log_step
+        )
 
 
 def pack_int4(codes: NDArray[np.integer]) -> NDArray[np.uint8]:
@@ -89,8 +97,9 @@ def pack_int4(codes: NDArray[np.integer]) -> NDArray[np.uint8]:
     c = np.asarray(codes, np.int8)
     if c.shape[-1] % 2:
         c = np.concatenate([c, np.zeros((*c.shape[:-1], 1), np.int8)], axis=-1)
-    nibbles = c.view(np.uint8) & 0x0F
-    return (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).astype(np.uint8)
+    pairs = np.bitwise_and(np.ascontiguousarray(c).view("<u2"), 0x0F0F)  # even code's nibble | odd's << 8
+    pairs |= pairs >> 4  # low byte: even | odd << 4
+    return pairs.astype(np.uint8)  # keeps the low byte
 
 
 def unpack_int4(packed: NDArray[np.uint8], dim: int) -> NDArray[np.int8]:
@@ -102,10 +111,13 @@ def unpack_int4(packed: NDArray[np.uint8], dim: int) -> NDArray[np.int8]:
     return out[..., :dim]
 
 
-def _dequantize(codes: NDArray[np.integer], scales: NDArray[np.float32], quantize_type: str) -> NDArray[np.float32]:
+def _dequantize(
+    codes: NDArray[np.integer], scales: NDArray[np.float32], quantize_type: str, log_step: float | None
+) -> NDArray[np.float32]:
     per_row = scales.size > 1
     if quantize_type == "log":
-        meta = {"scheme": "log2", "absmax": scales if per_row else scales[0], "axis": 0 if per_row else None}
+        meta = {"scheme": "log2", "absmax": scales if per_row else scales[0], "axis": 0 if per_row else None,
+                "step": log_step}
         return log_dequantize(codes, meta)
     return codes.astype(np.float32) * (scales[:, None] if per_row else scales[0])
 
@@ -129,19 +141,23 @@ def _row_absmax(block: NDArray[np.float32], work: NDArray[np.float32]) -> NDArra
     return bits.max(axis=1).view(np.float32)
 
 
-def _abs_max_codes(
-    table: NDArray[np.float32], bits: int, per_row: bool, threshold: float | None, global_absmax: float | None
-) -> tuple[NDArray[np.int8], NDArray[np.float32]]:
-    """float32 abs_max codes, block by block; ``global_absmax`` fixes a whole-table scale."""
+def _table_codes(
+    table: NDArray[np.float32], quantize_type: str, bits: int, per_row: bool, threshold: float | None,
+    absmax: float | None, log_step: float | None,
+) -> tuple[NDArray[np.integer], NDArray[np.float32]]:
+    """float32 codes and scales, block by block; ``absmax`` is the whole table's (one scale only)."""
     qm = qmax(bits)
+    log = quantize_type == "log"
+    per_scale = 1 if log else qm  # scale = abs max / per_scale
     rows, dim = table.shape
     codes = np.empty((rows, dim), np.int8 if bits <= 8 else np.int16)
     scales = np.empty(rows if per_row else 1, np.float32)
     if not per_row:
-        top = global_absmax if global_absmax is not None else _table_absmax(table, "embedding table")
-        scales[0] = (min(top, threshold) if threshold else top) / qm
+        top = absmax if absmax is not None else _table_absmax(table, "embedding table")
+        scales[0] = (min(top, threshold) if threshold else top) / per_scale
     block_rows = max(1, BLOCK_BYTES // (4 * dim))
     work = np.empty((min(block_rows, rows), dim), np.float32)
+    index = np.empty(work.size if log else 0, np.intp)
     for start in range(0, rows, block_rows):
         block = table[start : start + block_rows]
         buf = work[: len(block)]
@@ -151,16 +167,36 @@ def _abs_max_codes(
             if threshold:
                 np.minimum(top, threshold, out=top)
             scale = scales[start : start + len(block)]
-            np.divide(top, qm, out=scale)
+            np.divide(top, per_scale, out=scale)
             step = np.where(scale > 0, scale, np.float32(1))[:, None]
         else:
             step = scales[0] if scales[0] > 0 else np.float32(1)
         np.divide(block, step, out=buf)
+        out = codes[start : start + len(block)]
+        if log:
+            log_codes(buf, bits, log_step, out=out.reshape(-1), index=index[: buf.size])
+            continue
         np.rint(buf, out=buf)
         if threshold:
             np.clip(buf, -qm, qm, out=buf)
-        np.copyto(codes[start : start + len(block)], buf, casting="unsafe")
+        np.copyto(out, buf, casting="unsafe")
     return codes, scales
+
+
+def _sample_rows(rows: int, dim: int) -> NDArray[np.intp]:
+    """Evenly spaced row ids holding about ``LOG_FIT_VALUES`` values (every row of a small table)."""
+    return np.linspace(0, rows - 1, min(rows, max(1, LOG_FIT_VALUES // dim))).round().astype(np.intp)
+
+
+def _fit_log_step(sample: NDArray[np.float32], bits: int, per_row: bool, threshold: float | None,
+                  absmax: float | None) -> float:
+    """The log grid's spacing fitted on sampled rows, against the abs max the codes will use."""
+    if not np.isfinite(sample).all():
+        return LN2  # the table is refused with its NaN/Inf count while it is quantized
+    reference = np.abs(sample).max(axis=1) if per_row else np.float32(absmax)
+    if threshold:
+        reference = np.minimum(reference, np.float32(threshold))
+    return fit_log_step(sample, bits, 0 if per_row else None, reference)
 
 
 def _table_absmax(table: NDArray[np.float32], name: str) -> float:
@@ -177,11 +213,13 @@ def quantize_table(
     threshold: float | None = None,
     *,
     global_absmax: float | None = None,
+    log_step: float | None = None,
 ) -> QuantizedTable:
     """Quantize a whole table in memory; ``threshold`` clips values first (the seeds' option).
 
-    ``global_absmax`` (whole-table scale only) sets the abs max instead of measuring it, so a
-    table can be quantized chunk by chunk with one scale.
+    ``global_absmax`` (whole-table scale only) sets the abs max instead of measuring it and
+    ``log_step`` the log grid's spacing instead of fitting it, so a table can be quantized chunk
+    by chunk with one scale and one grid.
     """
     validate_choice("quantize_type", quantize_type, EMBEDDING_QUANTIZE_TYPES)
     validate_bits("quantize_bits", bits, 2, 8 if quantize_type == "log" else 16)
@@ -189,24 +227,15 @@ def quantize_table(
     if values.ndim != 2 or values.size == 0:
         raise DataError(f"an embedding table must be a non-empty 2-D array (rows, dim); got shape {values.shape}")
     _check_threshold(threshold)
-    if quantize_type == "abs_max":
-        codes, scales = _abs_max_codes(values, bits, per_row, threshold, global_absmax)
-        return QuantizedTable(codes, scales, "abs_max", bits)
-    if per_row:
-        absmax = _row_absmax(values, np.empty_like(values))
-        _check_finite(values, absmax, "embedding table")
-    else:
-        absmax = np.float32(global_absmax if global_absmax is not None else _table_absmax(values, "embedding table"))
-    if threshold:
-        absmax = np.minimum(absmax, np.float32(threshold))
-    codes = np.empty(values.shape, np.int8)
-    step = max(1, BLOCK_BYTES // (4 * values.shape[1]))
-    for start in range(0, len(values), step):  # cache-sized blocks: several times faster than one pass
-        block_max = absmax[start : start + step] if per_row else absmax
-        codes[start : start + step] = log_quantize(
-            values[start : start + step], bits, axis=0 if per_row else None, absmax=block_max
-        )[0]
-    return QuantizedTable(codes, np.asarray(absmax, np.float32).reshape(-1), "log", bits)
+    if log_step is not None:
+        log_step = check_log_step(log_step)
+    elif quantize_type == "log":
+        if not per_row and global_absmax is None:
+            global_absmax = _table_absmax(values, "embedding table")
+        sample = values[_sample_rows(*values.shape)]
+        log_step = _fit_log_step(sample, bits, per_row, threshold, global_absmax)
+    codes, scales = _table_codes(values, quantize_type, bits, per_row, threshold, global_absmax, log_step)
+    return QuantizedTable(codes, scales, quantize_type, bits, log_step=log_step if quantize_type == "log" else None)
 
 
 # ---- choosing whole-table vs per-row scales -------------------------------------------------
@@ -263,12 +292,13 @@ _HEADER_READERS = {
     (2, 0): np.lib.format.read_array_header_2_0,
     (3, 0): np.lib.format.read_array_header_2_0,
 }
-# key of <stem>.qembed.json -> what a valid value is
+# key of <stem>.qembed.json -> what a valid value is (log_step: log tables only)
 _META_KEYS = {
     "quantize_type": "'abs_max' or 'log'",
     "bits": "an int from 2 to 8",
     "dim": "an int > 0",
     "packed": "true (only with bits <= 4) or false",
+    "log_step": "a number > 0",
 }
 _RECREATE = "re-create the table with qembed.quantize_npy"
 
@@ -313,21 +343,26 @@ def quantize_npy(
     rows, dim = shape
     packed = pack and bits <= 4
     global_absmax = None if per_row else _npy_absmax(src, shape, source_dtype, source_offset, chunk_rows)
-    scales = np.empty(rows if per_row else 1, np.float32)
-    with staged_output(dst.parent, last=[meta_file.name]) as stage:
+    meta: dict[str, Any] = {"quantize_type": quantize_type, "bits": bits, "dim": dim, "packed": packed}
+    log_step = None
+    if quantize_type == "log":
+        sample = _npy_rows(src, _sample_rows(rows, dim), source_dtype, source_offset, dim)
+        meta["log_step"] = log_step = _fit_log_step(sample, bits, per_row, threshold, global_absmax)
+    scales_name = _scales_path(dst).name
+    with staged_output(dst.parent, last=[meta_file.name]) as stage, open(stage / scales_name, "wb") as fscales:
         # plain reads and writes, not memory maps: mapped pages would count against RSS
         with open(src, "rb") as fin, open(stage / dst.name, "wb") as fout:
             _write_npy_header(fout, np.uint8 if packed else np.int8, (rows, (dim + 1) // 2 if packed else dim))
+            _write_npy_header(fscales, np.float32, (rows if per_row else 1,))
             fin.seek(source_offset)
-            for start, chunk in _chunks(fin, source_dtype, rows, dim, chunk_rows):
-                q = quantize_table(chunk, quantize_type, bits, per_row, threshold, global_absmax=global_absmax)
-                fout.write((q.packed_int4() if packed else q).codes.tobytes())
+            for _, chunk in _chunks(fin, source_dtype, rows, dim, chunk_rows):
+                q = quantize_table(chunk, quantize_type, bits, per_row, threshold, global_absmax=global_absmax,
+                                   log_step=log_step)
+                fout.write(pack_int4(q.codes) if packed else q.codes)
                 if per_row:
-                    scales[start : start + len(chunk)] = q.scales
-                else:
-                    scales[0] = q.scales[0]
-        np.save(stage / _scales_path(dst).name, scales)
-        meta = {"quantize_type": quantize_type, "bits": bits, "dim": dim, "packed": packed}
+                    fscales.write(q.scales)
+            if not per_row:
+                fscales.write(q.scales)
         (stage / meta_file.name).write_text(json.dumps(meta))
     return load_quantized_npy(dst)
 
@@ -355,7 +390,7 @@ def load_quantized_npy(path: str | os.PathLike[str]) -> QuantizedTable:
     if not (np.isfinite(scales) & (scales >= 0)).all():
         raise DataError(f"{scales_file} holds negative or non-finite scales; {_RECREATE}")
     codes = np.load(path, mmap_mode="r", allow_pickle=False)
-    return QuantizedTable(codes, scales, meta["quantize_type"], meta["bits"], dim, packed)
+    return QuantizedTable(codes, scales, meta["quantize_type"], meta["bits"], dim, packed, meta.get("log_step"))
 
 
 def dequantize_npy(
@@ -405,15 +440,19 @@ def _read_meta(meta_file: Path) -> dict[str, Any]:
         meta = json.loads(meta_file.read_text())
     except (OSError, ValueError) as exc:
         raise DataError(f"cannot read {meta_file} ({_one_line(str(exc))}); {_RECREATE}") from None
-    if not isinstance(meta, dict) or set(meta) != set(_META_KEYS):
-        raise DataError(f"{meta_file} must hold a JSON object with the keys {', '.join(_META_KEYS)}; {_RECREATE}")
-    quantize_type, bits, dim, packed = (meta[k] for k in _META_KEYS)
+    keys = list(_META_KEYS)[: 5 if isinstance(meta, dict) and meta.get("quantize_type") == "log" else 4]
+    if not isinstance(meta, dict) or set(meta) != set(keys):
+        raise DataError(f"{meta_file} must hold a JSON object with the keys {', '.join(keys)}; {_RECREATE}")
+    quantize_type, bits, dim, packed = (meta[k] for k in keys[:4])
     valid = {
         "quantize_type": isinstance(quantize_type, str) and quantize_type in EMBEDDING_QUANTIZE_TYPES,
         "bits": type(bits) is int and 2 <= bits <= 8,
         "dim": type(dim) is int and dim > 0,
         "packed": packed is False or (packed is True and type(bits) is int and bits <= 4),
     }
+    if quantize_type == "log":
+        step = meta["log_step"]
+        valid["log_step"] = type(step) in (int, float) and 0 < step < math.inf
     for key, ok in valid.items():
         if not ok:
             raise DataError(f"{meta_file}: {key}={short_repr(meta[key])} is not valid (expected {_META_KEYS[key]}); "
@@ -441,12 +480,23 @@ def _npy_absmax(src: str | os.PathLike[str], shape: tuple[int, ...], dtype: np.d
     return top
 
 
+def _npy_rows(src: str | os.PathLike[str], ids: NDArray[np.intp], dtype: np.dtype, offset: int,
+              dim: int) -> NDArray[np.float32]:
+    """Rows ``ids`` of a ``.npy`` table, read one by one (a small sample of a table of any size)."""
+    out = np.empty((len(ids), dim), np.float32)
+    row_bytes = dim * dtype.itemsize
+    with open(src, "rb") as f:
+        for k, i in enumerate(ids):
+            out[k] = np.frombuffer(os.pread(f.fileno(), row_bytes, offset + int(i) * row_bytes), dtype)
+    return out
+
+
 def _one_line(text: str, limit: int = 120) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _write_npy_header(f: BinaryIO, dtype: type[np.generic], shape: tuple[int, int]) -> None:
+def _write_npy_header(f: BinaryIO, dtype: type[np.generic], shape: tuple[int, ...]) -> None:
     """Start a C-ordered ``.npy`` file; the caller appends the data."""
     descr = np.lib.format.dtype_to_descr(np.dtype(dtype))
     np.lib.format.write_array_header_1_0(f, {"descr": descr, "fortran_order": False, "shape": shape})

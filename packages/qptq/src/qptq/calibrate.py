@@ -79,6 +79,12 @@ def _ops_in_test_mode(graph: Graph) -> Iterator[None]:
             raw._set_attr("is_test", False)
 
 
+def run_batches(graph: Graph, batches: Iterable[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    """Every output of ``graph`` on every batch, run as calibration runs it (oneDNN float kernels)."""
+    with onednn_kernels(), _ops_in_test_mode(graph):
+        return [out for feed in batches for out in _run(graph, feed, graph.model.fetch_targets)]
+
+
 def _observe(graph: Graph, batches: Iterable[dict[str, np.ndarray]], names: list[str], fetch: list,
              result: Calibration) -> None:
     for feed in batches:

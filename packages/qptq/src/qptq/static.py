@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +34,15 @@ from qcore.outputs import write_bytes
 from qcore.thresholds import ALIASES, thresholds_all_algos
 
 from .bias_correction import correct_bias, input_means
-from .calibrate import Calibration, calibrate
+from .budget import Budget, EvalFunction, output_error, score_of, smallest_within
+from .budget import report as budget_report
+from .calibrate import Calibration, calibrate, run_batches
 from .data import check_batch_arguments, feed_batches
 from .naming import output_names
 
 log = logging.getLogger(__name__)
+#: Calibration batches the accuracy budget scores candidates on (label-free) and ranks layers with.
+BUDGET_BATCHES = 4
 ALGO_CHOICES = ("KL", "abs_max", "direct", "hist", "mse", "avg", "emd")
 DEFAULT_OP_TYPES = ("conv2d", "depthwise_conv2d", "mul")
 
@@ -82,6 +88,11 @@ class PostTrainingQuantization:
         onnx_format: bool | None = None,
         round_type: str = "round",
         skip_tensor_list: Sequence[str] | None = None,
+        eval_function: EvalFunction | None = None,
+        max_metric_drop: float | None = None,
+        max_output_error: float | None = None,
+        max_float_layers: int | None = None,
+        max_evaluations: int = 10,
     ) -> None:
         if model_dir is None:
             raise ConfigError("model_dir is required: the directory (or path prefix) of the float model")
@@ -93,6 +104,8 @@ class PostTrainingQuantization:
         validate_choice("activation_quantize_type", activation_quantize_type, ACTIVATION_QUANTIZE_TYPES)
         validate_choice("weight_quantize_type", weight_quantize_type, WEIGHT_QUANTIZE_TYPES[:2])
         check_paddleslim_keywords(onnx_format, round_type)
+        self.budget = Budget.from_options(eval_function, max_metric_drop, max_output_error, max_float_layers,
+                                          max_evaluations)
         self.target = get_target(deploy_backend)
         self.deploy_backend = None if deploy_backend is None else self.target.name
         if isinstance(self.target, OneDnnTarget) and not onednn_fallback:
@@ -142,10 +155,7 @@ class PostTrainingQuantization:
         graph = open_graph(self.model)
         if self.optimize_model:
             graph.fold_conv_bn()
-        targets = self._targets(graph)
-        joins = self.residual_add and "elementwise_add" not in self.op_types  # else they are ordinary targets
-        extra, float_inputs = self.target.plan(graph, targets, self.skip_patterns, residual_add=joins)
-        targets += extra
+        targets, float_inputs = self._planned_targets(graph)
         means = input_means(targets) if self.bias_correction else {}
         calibration = calibrate(graph, targets, self._batches(), progress=self.progress, channel_means=means)
         if self.cache_file is not None:
@@ -154,7 +164,13 @@ class PostTrainingQuantization:
             name: thresholds_all_algos(obs, self.activation_bits, self.hist_percent)
             for name, obs in calibration.observers.items()
         }
-        self.report = self._rewrite(graph, targets, float_inputs, candidates, calibration)
+        kept: dict[int, str] = {}
+        budget_report = None
+        if self.budget is not None:
+            kept, budget_report = self._meet_budget(graph, targets, candidates, calibration)
+        self.report = self._rewrite(graph, targets, float_inputs, candidates, calibration, kept)
+        if budget_report is not None:
+            self.report["budget"] = budget_report
         self.report["calibration_seconds"] = round(time.perf_counter() - start, 3)
         self.graph = graph
         return graph.model.program
@@ -169,6 +185,62 @@ class PostTrainingQuantization:
             found.append(target)
         return found
 
+    def _planned_targets(self, graph: Graph) -> tuple[list[OpTarget], set[str]]:
+        """The ops to quantize (:meth:`_targets` plus what the deployment target adds) and the
+        activations whose readers must stay float; the same order on every clone of one graph."""
+        targets = self._targets(graph)
+        joins = self.residual_add and "elementwise_add" not in self.op_types  # else they are ordinary targets
+        extra, float_inputs = self.target.plan(graph, targets, self.skip_patterns, residual_add=joins)
+        return targets + extra, float_inputs
+
+    def _meet_budget(
+        self, graph: Graph, targets: list[OpTarget], candidates: dict[str, dict[str, float]], calibration: Calibration
+    ) -> tuple[dict[int, str], dict[str, Any]]:
+        """Which layers (by position in ``targets``) go back to float to meet :attr:`budget`, and the report."""
+        budget = self.budget
+        assert budget is not None
+        start = time.perf_counter()
+        batches = list(islice(self._batches(), BUDGET_BATCHES))
+        reference = run_batches(graph, batches)
+        layers = [i for i, t in enumerate(targets) if t.weight is not None and t.for_conv is None]
+
+        def candidate(float_layers: Iterable[int]) -> Graph:
+            clone = graph.clone()
+            clone_targets, clone_float_inputs = self._planned_targets(clone)
+            keep = {i: "accuracy budget: candidate" for i in float_layers}
+            self._rewrite(clone, clone_targets, clone_float_inputs, candidates, calibration, keep)
+            return clone
+
+        alone = {i: output_error(run_batches(candidate(set(layers) - {i}), batches), reference) for i in layers}
+        order = sorted(layers, key=lambda i: (-alone[i], i))
+
+        def evaluate(k: int) -> float:
+            trial = candidate(order[:k])
+            if budget.eval_function is None:
+                return output_error(run_batches(trial, batches), reference)
+            with tempfile.TemporaryDirectory(prefix="qptq-budget-") as tmp:
+                return score_of(budget, trial.save(Path(tmp) / "candidate"), k)
+
+        float_score = 0.0
+        if budget.eval_function is not None:
+            assert self.model.source is not None
+            float_score = score_of(budget, self.model.source, None)
+        search = smallest_within(budget, evaluate, float_score, len(order))
+        if not search.met:
+            best = search.tried[search.chosen]
+            miss = float_score - best - (budget.max_metric_drop or 0) if budget.eval_function else best - (
+                budget.max_output_error or 0)
+            log.warning("accuracy budget not met: the best candidate tried (%d layers float, score %.4g) misses it by "
+                        "%.4g; saving it", search.chosen, best, miss)
+        kept = {
+            order[rank]: f"accuracy budget: sensitivity rank {rank + 1} of {len(order)} "
+                         f"(output error {alone[order[rank]]:.3g} with only this layer quantized)"
+            for rank in range(search.chosen)
+        }  # fmt: skip
+        sensitivity = [{"op": targets[i].op.seed_type, "scope": targets[i].op.scope_name, "output_error": alone[i]}
+                       for i in order]
+        return kept, budget_report(budget, search, float_score, sensitivity, time.perf_counter() - start)
+
     def _rewrite(
         self,
         graph: Graph,
@@ -176,15 +248,18 @@ class PostTrainingQuantization:
         float_inputs: set[str],
         candidates: dict[str, dict[str, float]],
         calibration: Calibration,
+        keep_float: Mapping[int, str] | None = None,
     ) -> dict[str, Any]:
+        """Quantize ``targets`` except those ``keep_float`` names (by position, with the reason)."""
+        keep_float = keep_float or {}
         chosen = {name: algos[self.algo] for name, algos in candidates.items()}
         rules = self.target.rules(graph, targets, float_inputs)
         deployed = rules.thresholds(chosen)  # oneDNN shares scales along some chains
         planned = [
             Planned(t, {a.name: deployed[a.name] for a in t.activations} if t.for_conv is not None
                     else [deployed[a.name] for a in t.activations],  # by position: PIR names shift
-                    per_channel=self.per_channel)
-            for t in targets
+                    per_channel=self.per_channel, keep_float=keep_float.get(i))
+            for i, t in enumerate(targets)
         ]  # fmt: skip
         applied = apply_rules(graph, rules, planned, weight_bits=self.weight_bits, activation_bits=self.activation_bits)
         if self.deploy_backend is not None:
@@ -288,10 +363,17 @@ def quant_post_static(
     onnx_format: bool | None = None,
     round_type: str = "round",
     skip_tensor_list: Sequence[str] | None = None,
+    eval_function: EvalFunction | None = None,
+    max_metric_drop: float | None = None,
+    max_output_error: float | None = None,
+    max_float_layers: int | None = None,
+    max_evaluations: int = 10,
 ) -> dict[str, Any]:
     """Quantize the model in ``model_dir`` with calibration data and save it.
 
     Returns the per-layer report (thresholds chosen, and what every algo would choose).
+    ``eval_function`` + ``max_metric_drop``, or ``max_output_error``: keep the layers that hurt most
+    float until the model is within that budget (:mod:`qptq.budget`; report section ``budget``).
     """
     ptq = PostTrainingQuantization(
         executor=executor, sample_generator=sample_generator, model_dir=model_dir,
@@ -304,7 +386,8 @@ def quant_post_static(
         skip_patterns=skip_patterns, bias_correction=bias_correction,
         onednn_fallback=onednn_fallback, residual_add=residual_add, progress=progress,
         deploy_backend=deploy_backend, onnx_format=onnx_format, round_type=round_type,
-        skip_tensor_list=skip_tensor_list,
+        skip_tensor_list=skip_tensor_list, eval_function=eval_function, max_metric_drop=max_metric_drop,
+        max_output_error=max_output_error, max_float_layers=max_float_layers, max_evaluations=max_evaluations,
     )
     family = ptq.model.family
     check_model_output(quantize_model_path, family, *output_names(family, save_model_filename, save_params_filename),

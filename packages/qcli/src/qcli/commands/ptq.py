@@ -13,7 +13,7 @@ import numpy as np
 
 from qcore.deploy import BACKEND_NAMES
 from qcore.deploy.verify import markdown_table, verify
-from qcore.errors import DataError, OutputError
+from qcore.errors import ConfigError, DataError, OutputError
 from qcore.model_io import ModelFiles, find_model_files, load_model
 from qcore.outputs import write_bytes
 
@@ -54,6 +54,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     static.add_argument("--no-fold-bn", action="store_true", help="keep batch_norm (optimize_model=False)")
     static.add_argument("--bias-correction", action="store_true", help="correct the mean shift int8 weights cause")
     static.add_argument("--skip-pattern", nargs="+", default=["skip_quant"], help="name scopes left in float")
+    static.add_argument("--max-output-error", type=float, default=None,
+                        help="accuracy budget without labels: keep layers float until the outputs are within this "
+                             "relative error of float on calibration batches")
+    static.add_argument("--max-metric-drop", type=float, default=None,
+                        help="accuracy budget: keep layers float until top-1 on --eval-data/--eval-labels (deployed "
+                             "on --backend) is at most this far below float, as a fraction (0.01 = one point)")
     static.add_argument("--input-shape", default=None, help="C,H,W images are resized to (default: the model's)")
     static.add_argument("--mean", default="0", help="per-channel mean of [0,1] pixels, e.g. 0.485,0.456,0.406")
     static.add_argument("--std", default="1", help="per-channel std the pixels are divided by")
@@ -98,6 +104,7 @@ def run_static(args: argparse.Namespace) -> int:
     samples = sample_source(args.data, image_shape, _floats(args.mean), _floats(args.std))
     start = time.perf_counter()
     options: dict[str, Any] = {} if args.op_types is None else {"quantizable_op_type": args.op_types}
+    options.update(_budget_options(args, source))
     ptq_report = qptq.quant_post_static(
         None, args.model, args.out, sample_generator=samples, model_filename=args.model_filename,
         params_filename=args.params_filename, save_model_filename=None, save_params_filename=None,
@@ -150,6 +157,18 @@ def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, repor
     if "verified" in report:
         print(markdown_table(report["verified"]))
     return 0
+
+
+def _budget_options(args: argparse.Namespace, source: ModelFiles) -> dict[str, Any]:
+    """``max_output_error``, or ``eval_function`` (deployed top-1 on the eval set) + ``max_metric_drop``."""
+    if args.max_metric_drop is None:
+        return {} if args.max_output_error is None else {"max_output_error": args.max_output_error}
+    if args.eval_data is None or args.eval_labels is None:
+        raise ConfigError("--max-metric-drop scores top-1: give --eval-data and --eval-labels too")
+    x, y = np.load(args.eval_data), np.load(args.eval_labels)
+    feed = load_model(source).feed_names[0]
+    return {"max_metric_drop": args.max_metric_drop,
+            "eval_function": lambda files: top1(deployed_outputs(files, feed, x, args.backend), y) / 100}
 
 
 def _random_feed(files: ModelFiles) -> dict[str, np.ndarray] | None:

@@ -35,6 +35,7 @@ class Planned:
     act_thresholds: Mapping[str, float] | Sequence[float] | float
     per_channel: bool = True
     weight_thresholds: np.ndarray | None = None  # None: the weight's abs max
+    keep_float: str | None = None  # the caller's reason to leave this op float (e.g. an accuracy budget)
 
 
 @dataclass
@@ -55,7 +56,7 @@ def apply_rules(
     results = []
     for item in planned:
         target = item.target
-        reason = rules.problem(target.op, weight_bits, item.per_channel)
+        reason = item.keep_float or rules.problem(target.op, weight_bits, item.per_channel)
         if reason is None and target.for_conv is not None and id(target.for_conv.raw) in float_ops:
             reason = FOR_FLOAT_CONV_REASON
         if reason is not None:

@@ -1,0 +1,146 @@
+"""Accuracy budget: keep the most sensitive layers float until the quantized model is within budget.
+
+One calibration serves every candidate. A candidate is the float graph rewritten with the
+calibrated thresholds, except for the ``k`` layers that hurt most when quantized alone
+(their *sensitivity*: the model's output error on calibration batches with only that layer
+quantized, label-free). The smallest ``k`` within budget is found by bisection over that
+ranking, so a model with ``n`` layers costs ``n`` cheap sensitivity runs plus about
+``log2(n) + 2`` evaluations of the user's metric (or of the output error).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from qcore.errors import ConfigError, QuantError
+from qcore.model_io import ModelFiles
+
+#: ``eval_function(model_files) -> score``, higher is better (the PaddleSlim / NNCF convention).
+EvalFunction = Callable[[ModelFiles], float]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What "good enough" means: a metric drop against float, or an output error, with search bounds."""
+
+    eval_function: EvalFunction | None = None
+    max_metric_drop: float | None = None
+    max_output_error: float | None = None
+    max_float_layers: int | None = None  # None: any number of layers may go back to float
+    max_evaluations: int = 10
+
+    @classmethod
+    def from_options(cls, eval_function: EvalFunction | None, max_metric_drop: float | None,
+                     max_output_error: float | None, max_float_layers: int | None,
+                     max_evaluations: int) -> Budget | None:
+        """The budget the PTQ keywords ask for, or None; one clear line for every inconsistent mix."""
+        if eval_function is None and max_metric_drop is None and max_output_error is None:
+            return None
+        if (eval_function is None) != (max_metric_drop is None):
+            raise ConfigError("eval_function and max_metric_drop go together: pass both (e.g. max_metric_drop=0.01), "
+                              "or max_output_error alone for a label-free budget")
+        if max_metric_drop is not None and max_output_error is not None:
+            raise ConfigError("pass max_metric_drop (with eval_function) or max_output_error, not both")
+        if eval_function is not None and not callable(eval_function):
+            raise ConfigError(f"eval_function={eval_function!r} is not callable; pass fn(model_files) -> float")
+        limits = (("max_metric_drop", max_metric_drop, 1.0), ("max_output_error", max_output_error, None))
+        for name, value, top in limits:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value < 0 or (top is not None and value > top)):
+                bound = f"between 0 and {top:g} (a fraction: 0.01 is one point)" if top else "a finite number >= 0"
+                raise ConfigError(f"{name}={value!r} is not valid; valid choices: {bound}")
+        for name, value, low in (("max_float_layers", max_float_layers, 0), ("max_evaluations", max_evaluations, 2)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise ConfigError(f"{name}={value!r} is not valid; valid choices: an int >= {low}")
+        return cls(eval_function, max_metric_drop, max_output_error, max_float_layers, max_evaluations)
+
+    @property
+    def metric(self) -> str:
+        return "eval_function" if self.eval_function is not None else "output_error"
+
+    def within(self, score: float, float_score: float) -> bool:
+        """Whether a candidate's ``score`` meets the budget (``float_score``: the float model's metric)."""
+        if self.eval_function is not None:
+            assert self.max_metric_drop is not None
+            return float_score - score <= self.max_metric_drop
+        assert self.max_output_error is not None
+        return score <= self.max_output_error
+
+
+def score_of(budget: Budget, files: ModelFiles, float_layers: int | None) -> float:
+    """``budget.eval_function(files)`` as a float; one line naming the candidate if it fails or is not a number."""
+    assert budget.eval_function is not None
+    which = "the float model" if float_layers is None else f"the candidate with {float_layers} layers float"
+    try:
+        score = budget.eval_function(files)
+    except Exception as exc:
+        raise QuantError(f"eval_function failed on {which} ({files.model_file}): {type(exc).__name__}: {exc}") from exc
+    real = isinstance(score, (int, float, np.integer, np.floating)) and not isinstance(score, bool)
+    if not real or not math.isfinite(score):
+        raise QuantError(
+            f"eval_function returned {score!r} for {which}; it must return a finite number (higher is better)"
+        )
+    return float(score)
+
+
+def output_error(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> float:
+    """Relative L2 error of every model output against the float model's, over all batches."""
+    diff = sum(float(np.sum((o.astype(np.float64) - r) ** 2)) for o, r in zip(outputs, reference))
+    norm = sum(float(np.sum(r.astype(np.float64) ** 2)) for r in reference)
+    return math.sqrt(diff / norm) if norm > 0 else math.sqrt(diff)
+
+
+@dataclass
+class Search:
+    """The candidates tried (float layer count -> score) and the one chosen."""
+
+    tried: dict[int, float] = field(default_factory=dict)
+    chosen: int = 0
+    met: bool = False
+
+
+def smallest_within(budget: Budget, evaluate: Callable[[int], float], float_score: float, layers: int) -> Search:
+    """Bisect for the fewest float layers (most sensitive first) whose candidate meets ``budget``.
+
+    ``evaluate(k)`` scores the candidate with the ``k`` most sensitive layers float. Assumes the
+    score improves with ``k`` (it usually does; the search keeps the best candidate it saw either
+    way). When even the largest allowed ``k`` misses the budget, the best candidate tried is chosen.
+    """
+    search = Search()
+    top = layers if budget.max_float_layers is None else min(layers, budget.max_float_layers)
+
+    def ok(k: int) -> bool:
+        if k not in search.tried:
+            search.tried[k] = evaluate(k)
+        return budget.within(search.tried[k], float_score)
+
+    if ok(0):
+        search.met = True
+        return search
+    if not ok(top):
+        search.chosen = min(search.tried, key=lambda k: (-search.tried[k], k) if budget.eval_function
+                            else (search.tried[k], k))
+        return search
+    low, high = 0, top  # low misses, high meets
+    while high - low > 1 and len(search.tried) < budget.max_evaluations:
+        middle = (low + high) // 2
+        low, high = (low, middle) if ok(middle) else (middle, high)
+    search.chosen, search.met = high, True
+    return search
+
+
+def report(budget: Budget, search: Search, float_score: float, sensitivity: list[dict[str, Any]],
+           seconds: float) -> dict[str, Any]:
+    """The ``budget`` section of the PTQ report."""
+    limit = budget.max_metric_drop if budget.eval_function is not None else budget.max_output_error
+    return {
+        "metric": budget.metric, "limit": limit, "float_score": float_score, "met": search.met,
+        "float_layers": search.chosen, "evaluations": len(search.tried),
+        "candidates": [{"float_layers": k, "score": s} for k, s in sorted(search.tried.items())],
+        "sensitivity": sensitivity, "seconds": round(seconds, 3),
+    }
