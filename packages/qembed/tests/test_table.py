@@ -48,7 +48,7 @@ def test_log_round_trip_relative_error(table):
     back = q.rows(np.arange(len(table)))
     smallest = math.exp(-q.log_step * (qmax(8) - 1))  # the smallest level, as a fraction of the row's abs max
     in_grid = np.abs(table) >= np.abs(table).max(axis=1, keepdims=True) * smallest
-    assert in_grid.mean() > 0.99
+    assert in_grid.mean() > 0.9  # the fitted grid lets the smallest few percent fall to 0 or its last level
     assert (np.abs(back - table)[in_grid] <= np.abs(table)[in_grid] * (log_error_bound(q.log_step) + 1e-6)).all()
     assert (np.sign(back) == np.sign(table))[back != 0].all()
     assert np.linalg.norm(back - table) / np.linalg.norm(table) < 0.02

@@ -51,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     if "-v" not in raw and "--verbose" not in raw:
         os.environ.setdefault("GLOG_minloglevel", "2")  # Paddle's C++ info/warning lines, read at import
+    else:
+        os.environ["QCORE_PADDLE_LOGS"] = "1"  # qcore.inference.PADDLE_LOGS_ENV: the passes' own output
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:

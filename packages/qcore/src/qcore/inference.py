@@ -11,7 +11,6 @@ for one file per parameter, re-saved) under such names in a temporary directory 
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import shutil
 import tempfile
@@ -29,7 +28,8 @@ from .errors import ConfigError
 from .model_io import ModelFiles, find_model_files, load_model, save_model
 from .paddle_env import native_output_quiet
 
-log = logging.getLogger(__name__)
+#: Set to 1 to see what Paddle Inference's passes print while a predictor is built (``qcli --verbose`` does).
+PADDLE_LOGS_ENV = "QCORE_PADDLE_LOGS"
 _LINKED: list[Path] = []  # temporary copies under *.pdmodel names, removed at exit
 atexit.register(lambda: [shutil.rmtree(p, ignore_errors=True) for p in _LINKED])
 
@@ -76,7 +76,7 @@ def create_predictor(
         config = inference.Config(str(files.model_file), str(files.params_file))
     config.disable_glog_info()
     target.configure(config, threads)
-    with native_output_quiet(not log.isEnabledFor(logging.INFO)):  # the passes print ~100 lines otherwise
+    with native_output_quiet(os.environ.get(PADDLE_LOGS_ENV) != "1"):  # the passes print ~100 lines otherwise
         return inference.create_predictor(config)
 
 

@@ -8,6 +8,7 @@ program goes through :func:`static_mode` so the caller's global mode is restored
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import sys
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from typing import Literal
 import paddle
 
 Family = Literal["pir", "legacy"]
+_LIBC = ctypes.CDLL(None)
 FAMILIES: tuple[Family, ...] = ("pir", "legacy")
 
 
@@ -78,6 +80,7 @@ def native_output_quiet(quiet: bool = True) -> Iterator[None]:
         os.dup2(devnull, 2)
         yield
     finally:
+        _LIBC.fflush(None)  # C/C++ buffers still holding the body's output go to /dev/null too
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
         for fd in (*saved, devnull):

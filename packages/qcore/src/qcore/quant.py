@@ -146,10 +146,10 @@ def _log_code_table(bits: int, step: float) -> NDArray[np.int8]:
     is nearer than the smallest level.
     """
     keys = np.arange(1 << 15, dtype=np.uint32)
-    lo = (keys << 16).view(np.float32).astype(np.float64)
-    hi = ((keys + 1) << 16).view(np.float32).astype(np.float64)
     levels = np.concatenate([[0.0], log_levels(bits, step)[::-1]])  # ascending: 0, smallest .. 1
     with np.errstate(invalid="ignore", over="ignore"):  # the keys of inf/NaN
+        lo = (keys << 16).view(np.float32).astype(np.float64)
+        hi = ((keys + 1) << 16).view(np.float32).astype(np.float64)
         nearest = np.searchsorted((levels[1:] + levels[:-1]) / 2, (lo + hi) / 2, side="right")
     codes = np.where(nearest > 0, len(levels) - nearest, 0).astype(np.int8)  # level index -> code
     return np.concatenate([codes, -codes])
