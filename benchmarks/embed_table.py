@@ -4,7 +4,9 @@ Each run writes a fresh random fp32 ``.npy`` table (``--rows`` x ``--dim``, defa
 dir, then in child processes pinned to one thread, per scheme: in-memory ``quantize_table`` and
 chunked ``quantize_npy`` (best of ``--repeats``, GB/s of fp32 input) and the peak-RSS growth of one
 ``quantize_npy`` run; then the latency of a memory-mapped lookup of 4096 random ids. Writes
-``benchmarks/results/embed_table.md``. Run with ``python3 -m nox -s bench_embed``.
+``benchmarks/results/embed_table.md`` (``--out`` for another name). Run with ``python3 -m nox -s bench_embed``;
+the committed results are ``--dir /dev/shm`` (the CPU's throughput) and ``--out embed_table_disk.md`` (files on
+disk, so the fsync of the outputs counts).
 """
 
 from __future__ import annotations
@@ -72,6 +74,16 @@ def rss_and_lookup(path: Path, tmp: Path, kind: str, bits: int, per_row: bool, r
     """)
 
 
+def fs_kind(path: Path) -> str:
+    """'tmpfs (/dev/shm)' or 'the page cache of a disk (ext4, /)': the file system holding ``path``."""
+    try:
+        mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return str(path)
+    _, point, kind, *_ = max((m for m in mounts if str(path).startswith(m[1])), key=lambda m: len(m[1]))
+    return f"tmpfs ({point})" if kind == 'tmpfs' else f"the page cache of a disk ({kind}, {point})"
+
+
 def machine() -> str:
     """CPU model, core count and whether it has AVX2 (from /proc/cpuinfo where there is one)."""
     try:
@@ -89,8 +101,11 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--chunk-rows", type=int, default=65536)
+    parser.add_argument("--dir", default=None, help="where the table and outputs go (default: the temp dir; "
+                        "/dev/shm keeps the fsync of the outputs off the disk)")
+    parser.add_argument("--out", default="embed_table.md", help="results file name in benchmarks/results")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp_name:
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp_name:
         tmp = Path(tmp_name)
         path = tmp / "table.npy"
         table = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(args.rows, args.dim))
@@ -113,7 +128,8 @@ def main() -> None:
         "",
         f"Random fp32 table {args.rows:,} x {args.dim} ({table_mib:.0f} MiB), one thread "
         f"(OMP/BLAS threads = 1), best of {args.repeats}. GB/s = fp32 bytes in / wall time. `.npy` runs read "
-        f"and write files in the page cache, chunks of {args.chunk_rows:,} rows ({chunk_mib:.0f} MiB). Peak RSS "
+        f"and write files in {fs_kind(tmp)} (`quantize_npy` fsyncs its outputs before moving them into place), "
+        f"chunk_rows={args.chunk_rows:,} ({chunk_mib:.0f} MiB; it reads at most 1 MiB at a time). Peak RSS "
         "growth: VmHWM of a fresh process after `import qembed`, around one `quantize_npy` run (scales and the "
         "returned memory-mapped table included). Lookup: 4096 random ids from the returned memory-mapped table. "
         f"Machine: {machine()}, numpy {np.__version__}. Produced by `benchmarks/embed_table.py`.",
@@ -124,7 +140,7 @@ def main() -> None:
         *rows_out,
     ]
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "embed_table.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

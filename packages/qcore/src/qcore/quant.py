@@ -216,19 +216,23 @@ def log_dequantize(codes: ArrayLike, meta: dict[str, Any]) -> NDArray[np.float32
     """Inverse of :func:`log_quantize`: ``sign(c) * absmax * exp(step * (1 - |c|))`` as float32."""
     if meta.get("scheme") != "log2" or "absmax" not in meta or "step" not in meta:
         raise DataError("meta is not a log2 quantization record; pass the meta returned by log_quantize")
-    c = as_finite(codes, "codes")
+    c = np.asarray(codes)
+    if c.dtype != np.int8:
+        c = as_finite(codes, "codes")
+        if (c != np.rint(c)).any() or np.abs(c).max() > 127:
+            raise DataError("log codes must be integers in -127..127; pass the codes returned by log_quantize")
     m = _broadcast(meta["absmax"], c.shape, meta.get("axis"), "absmax")
-    step = check_log_step(meta["step"])
-    return (np.sign(c) * np.exp(step * (1 - np.abs(c))) * m).astype(np.float32)
+    every = np.arange(-128, 128)
+    values = np.sign(every) * np.exp(check_log_step(meta["step"]) * (1 - np.abs(every)))  # of each int8 code
+    return (np.take(values, c.astype(np.intp) + 128) * m).astype(np.float32)
 
 
-def _log_round(ratio: NDArray[np.float64], qm: int, step: float) -> NDArray[np.float64]:
-    """Each ratio ``|x| / absmax`` (>= 0) rounded to the nearest of 0 and the levels, computed directly."""
-    with np.errstate(divide="ignore"):
-        j = np.clip(np.floor(-np.log(ratio) / step), 0, qm - 1)  # the level at or just above the ratio
-    upper = np.exp(-step * j)
-    lower = np.where(j < qm - 1, upper * math.exp(-step), 0.0)
-    return np.where(ratio < (upper + lower) / 2, lower, upper)
+def _log_sq_error(ratio: NDArray[np.float32], neg_log: NDArray[np.float32], qm: int, step: float) -> NDArray[Any]:
+    """Squared error of rounding each ``ratio = |x| / absmax`` (``neg_log = -ln ratio >= 0``) to the nearest
+    of 0 and the levels: the nearer of the level at or just above it and the next one down."""
+    levels = np.append(np.exp(-step * np.arange(qm)), 0.0).astype(np.float32)
+    j = np.minimum(neg_log * np.float32(1 / step), qm - 1).astype(np.int32)
+    return np.minimum(np.square(ratio - np.take(levels, j)), np.square(ratio - np.take(levels, j + 1)))
 
 
 def fit_log_step(
@@ -244,7 +248,9 @@ def fit_log_step(
     qm = qmax(bits)
     a = as_finite(x, "x")
     m = _log_absmax(a, axis, absmax)
-    ratio = np.abs(a) / np.where(m > 0, m, 1)
-    weight = np.broadcast_to(m * m, a.shape)
-    errors = [float((weight * (ratio - _log_round(ratio, qm, check_log_step(s))) ** 2).sum()) for s in candidates]
+    ratio = (np.abs(a) / np.where(m > 0, m, 1)).astype(np.float32).reshape(-1)
+    weight = np.broadcast_to(m * m, a.shape).astype(np.float32).reshape(-1)
+    with np.errstate(divide="ignore"):
+        neg_log = np.maximum(-np.log(ratio), 0)  # values above the abs max take the top level
+    errors = [float(weight @ _log_sq_error(ratio, neg_log, qm, check_log_step(s))) for s in candidates]
     return float(candidates[int(np.argmin(errors))])

@@ -19,7 +19,7 @@ import paddle
 from qcore.errors import GraphError, did_you_mean
 from qcore.graph import Graph, OpRef, open_graph
 from qcore.model_io import Model, ModelFiles, check_model_output, load_model
-from qcore.quant import qmax
+from qcore.quant import LN2, qmax
 
 from .config import EmbeddingConfig, TableConfig
 from .table import TableChoice, choose_table_quantization
@@ -145,7 +145,7 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> li
                 axis = 0 if choice.per_row else None
                 graph.quantize_weight(graph.weight_operand(op), q.bits, axis, thresholds, float_dequant=True)
             else:
-                graph.quantize_lookup(op, q.codes, q.scales, log=q.quantize_type == "log")
+                graph.quantize_lookup(op, q.codes, q.scales, log=q.quantize_type == "log", log_step=q.log_step or LN2)
         graph.drop_param_if_unused(name)
         op_types = tuple(sorted({o.seed_type or "" for o in ops}))
         reports.append(TableReport(name, op_types, table.shape, choice, whole_table))

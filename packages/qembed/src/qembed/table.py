@@ -36,7 +36,8 @@ from qcore.errors import ConfigError, DataError, OutputError
 from qcore.outputs import check_output_dir, staged_output
 from qcore.quant import LN2, check_log_step, fit_log_step, log_codes, log_dequantize, qmax
 
-BLOCK_BYTES = 1 << 18  # fp32 bytes per work block: big enough to amortise numpy calls, small enough for L2
+BLOCK_BYTES = 1 << 20  # fp32 bytes per work block: big enough to amortise numpy calls, small enough for L2
+READ_BYTES = 1 << 20  # .npy bytes read at a time: still in cache when they are quantized
 LOG_FIT_VALUES = 1 << 15  # values (whole rows, evenly spaced) the log grid's spacing is fitted on
 
 
@@ -141,11 +142,21 @@ def _row_absmax(block: NDArray[np.float32], work: NDArray[np.float32]) -> NDArra
     return bits.max(axis=1).view(np.float32)
 
 
+def _work_buffers(rows: int, dim: int, log: bool) -> tuple[NDArray[np.float32], NDArray[np.intp]]:
+    """Scratch buffers of :func:`_table_codes` for tables of up to ``rows`` rows."""
+    work = np.empty((min(max(1, BLOCK_BYTES // (4 * dim)), rows), dim), np.float32)
+    return work, np.empty(work.size if log else 0, np.intp)
+
+
 def _table_codes(
     table: NDArray[np.float32], quantize_type: str, bits: int, per_row: bool, threshold: float | None,
     absmax: float | None, log_step: float | None,
+    buffers: tuple[NDArray[np.float32], NDArray[np.intp]] | None = None,
 ) -> tuple[NDArray[np.integer], NDArray[np.float32]]:
-    """float32 codes and scales, block by block; ``absmax`` is the whole table's (one scale only)."""
+    """float32 codes and scales, block by block; ``absmax`` is the whole table's (one scale only).
+
+    ``buffers`` (from :func:`_work_buffers`) lets a caller quantizing chunk after chunk reuse them.
+    """
     qm = qmax(bits)
     log = quantize_type == "log"
     per_scale = 1 if log else qm  # scale = abs max / per_scale
@@ -155,9 +166,8 @@ def _table_codes(
     if not per_row:
         top = absmax if absmax is not None else _table_absmax(table, "embedding table")
         scales[0] = (min(top, threshold) if threshold else top) / per_scale
-    block_rows = max(1, BLOCK_BYTES // (4 * dim))
-    work = np.empty((min(block_rows, rows), dim), np.float32)
-    index = np.empty(work.size if log else 0, np.intp)
+    work, index = buffers or _work_buffers(rows, dim, log)
+    block_rows = len(work)
     for start in range(0, rows, block_rows):
         block = table[start : start + block_rows]
         buf = work[: len(block)]
@@ -200,7 +210,13 @@ def _fit_log_step(sample: NDArray[np.float32], bits: int, per_row: bool, thresho
 
 
 def _table_absmax(table: NDArray[np.float32], name: str) -> float:
-    top = np.float32(max(float(table.max()), -float(table.min())))
+    """Max of |x| over the table, block by block (see :func:`_row_absmax`)."""
+    block_rows = max(1, BLOCK_BYTES // (4 * table.shape[1]))
+    work = np.empty((min(block_rows, len(table)), table.shape[1]), np.float32)
+    top = np.float32(0)
+    for start in range(0, len(table), block_rows):
+        block = table[start : start + block_rows]
+        top = np.maximum(top, _row_absmax(block.reshape(1, -1), work[: len(block)].reshape(1, -1))[0])  # keeps NaN
     _check_finite(table, top, name)
     return float(top)
 
@@ -342,6 +358,7 @@ def quantize_npy(
     _check_outputs([Path(src)], [dst, _scales_path(dst), meta_file])
     rows, dim = shape
     packed = pack and bits <= 4
+    chunk_rows = min(chunk_rows, max(1, READ_BYTES // (dim * source_dtype.itemsize)))
     global_absmax = None if per_row else _npy_absmax(src, shape, source_dtype, source_offset, chunk_rows)
     meta: dict[str, Any] = {"quantize_type": quantize_type, "bits": bits, "dim": dim, "packed": packed}
     log_step = None
@@ -355,14 +372,16 @@ def quantize_npy(
             _write_npy_header(fout, np.uint8 if packed else np.int8, (rows, (dim + 1) // 2 if packed else dim))
             _write_npy_header(fscales, np.float32, (rows if per_row else 1,))
             fin.seek(source_offset)
-            for _, chunk in _chunks(fin, source_dtype, rows, dim, chunk_rows):
-                q = quantize_table(chunk, quantize_type, bits, per_row, threshold, global_absmax=global_absmax,
-                                   log_step=log_step)
-                fout.write(pack_int4(q.codes) if packed else q.codes)
+            buffers = _work_buffers(chunk_rows, dim, quantize_type == "log")
+            for chunk in _chunks(fin, source_dtype, rows, dim, chunk_rows):
+                codes, scales = _table_codes(np.asarray(chunk, np.float32), quantize_type, bits, per_row, threshold,
+                                             global_absmax, log_step, buffers)
+                fout.write(pack_int4(codes) if packed else codes)
+                _start_writeback(fout)
                 if per_row:
-                    fscales.write(q.scales)
+                    fscales.write(scales)
             if not per_row:
-                fscales.write(q.scales)
+                fscales.write(scales)
         (stage / meta_file.name).write_text(json.dumps(meta))
     return load_quantized_npy(dst)
 
@@ -467,7 +486,7 @@ def _chunks(fin, dtype: np.dtype, rows: int, dim: int, chunk_rows: int):  # type
         chunk = buffer[: min(chunk_rows, rows - start)]
         if fin.readinto(memoryview(chunk).cast("B")) != chunk.nbytes:
             raise DataError(f"{fin.name} ends before its {rows} rows; the file is truncated")
-        yield start, chunk
+        yield chunk
 
 
 def _npy_absmax(src: str | os.PathLike[str], shape: tuple[int, ...], dtype: np.dtype, offset: int,
@@ -475,9 +494,16 @@ def _npy_absmax(src: str | os.PathLike[str], shape: tuple[int, ...], dtype: np.d
     top = 0.0
     with open(src, "rb") as fin:
         fin.seek(offset)
-        for _, chunk in _chunks(fin, dtype, shape[0], shape[1], chunk_rows):
+        for chunk in _chunks(fin, dtype, shape[0], shape[1], chunk_rows):
             top = max(top, _table_absmax(np.asarray(chunk, np.float32), f"{src}"))
     return top
+
+
+def _start_writeback(f: BinaryIO) -> None:
+    """Hand what ``f`` holds so far to the disk now (Linux), so the fsync at the end finds little left."""
+    f.flush()
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # starts writeback, drops written pages
 
 
 def _npy_rows(src: str | os.PathLike[str], ids: NDArray[np.intp], dtype: np.dtype, offset: int,

@@ -20,7 +20,6 @@ from .optable import CONV_TYPES
 
 _FLOATS = (core.VarDesc.VarType.FP32, core.VarDesc.VarType.FP64, core.VarDesc.VarType.FP16)
 _INT_DTYPES = {8: core.VarDesc.VarType.INT8, 16: core.VarDesc.VarType.INT16}
-_LN2 = float(np.log(2.0))
 
 
 class LegacyGraph(Graph):
@@ -160,7 +159,9 @@ class LegacyGraph(Graph):
         self._insert(at, "dequantize_linear", codes, scale, zero, dequantized, self._qdq_attrs(weight.bits, axis))
         return dequantized
 
-    def _build_lookup_dq(self, op: OpRef, weight: Operand, codes: str, scale: str, per_row: bool, log: bool) -> None:
+    def _build_lookup_dq(
+        self, op: OpRef, weight: Operand, codes: str, scale: str, per_row: bool, log_step: float | None
+    ) -> None:
         ids_slot, out_slot = ("x", "out") if op.type == "embedding_with_scaled_gradient" else ("Ids", "Out")
         out = op.raw.output(out_slot)[0]
         rows = self.block.create_var(name=self._new_var_name(f"{out}.int8"), dtype="int8")
@@ -178,9 +179,9 @@ class LegacyGraph(Graph):
             return result
 
         value = add("cast", {"X": rows.name}, {"in_dtype": _INT_DTYPES[8], "out_dtype": core.VarDesc.VarType.FP32})
-        if log:  # sign(c) * 2**(1 - |c|)
+        if log_step is not None:  # sign(c) * exp(log_step * (1 - |c|))
             sign = add("sign", {"X": value}, {})
-            power = add("scale", {"X": add("abs", {"X": value}, {})}, {"scale": -_LN2, "bias": _LN2})
+            power = add("scale", {"X": add("abs", {"X": value}, {})}, {"scale": -log_step, "bias": log_step})
             value = add("elementwise_mul", {"X": sign, "Y": add("exp", {"X": power}, {})}, {"axis": -1})
         if per_row:
             attrs = {a: op.raw.attr(a) for a in ("padding_idx",) if op.raw.has_attr(a)}

@@ -29,7 +29,6 @@ from .base import Graph, Operand, OpRef, QuantizedWeight
 from .optable import CONV_TYPES
 
 _PARAM_OP = "builtin.parameter"
-_LN2 = float(np.log(2.0))
 _FLOAT_DTYPES = (paddle.float32, paddle.float64, paddle.float16, paddle.bfloat16)
 
 
@@ -178,13 +177,15 @@ class PirGraph(Graph):
         with self._inserting_before(operand.op.raw):
             return paddle._C_ops.multiply(paddle._C_ops.cast(codes, paddle.float32), scale)
 
-    def _build_lookup_dq(self, op: OpRef, weight: Operand, codes: Any, scale: Any, per_row: bool, log: bool) -> None:
+    def _build_lookup_dq(
+        self, op: OpRef, weight: Operand, codes: Any, scale: Any, per_row: bool, log_step: float | None
+    ) -> None:
         ids = op.raw.operand_source(0)
         padding_idx = int(op.raw.attrs().get("padding_idx", -1))
         with self._inserting_before(op.raw):
             value = paddle._C_ops.cast(paddle._C_ops.embedding(ids, codes, padding_idx, False), paddle.float32)
-            if log:  # sign(c) * 2**(1 - |c|)
-                power = paddle._C_ops.scale(paddle._C_ops.abs(value), -_LN2, _LN2, True)
+            if log_step is not None:  # sign(c) * exp(log_step * (1 - |c|))
+                power = paddle._C_ops.scale(paddle._C_ops.abs(value), -log_step, log_step, True)
                 value = paddle._C_ops.multiply(paddle._C_ops.sign(value), paddle._C_ops.exp(power))
             if per_row:
                 scale = paddle._C_ops.embedding(ids, scale, padding_idx, False)
