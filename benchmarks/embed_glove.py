@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
-import platform
 import subprocess
 import tempfile
 import textwrap

@@ -31,10 +31,10 @@ def _params_bytes(files):
     return sum(p.stat().st_size for p in files.directory.iterdir() if p != files.model_file)
 
 
-# measured output errors (relative L2 vs the float model): 0.031, 0.157, 0.100
+# measured output errors (relative L2 vs the float model): 0.031, 0.008 (0.157 on the old power-of-two grid), 0.100
 @pytest.mark.parametrize("config,max_err", [
     ({"quantize_op_types": ["lookup_table"], "lookup_table": {"quantize_type": "abs_max"}}, 0.05),
-    ({"lookup_table": {"quantize_type": "log", "per_row": True}}, 0.25),
+    ({"lookup_table": {"quantize_type": "log", "per_row": True}}, 0.02),
     ({"quantize_bits": 4, "per_row": True}, 0.15),
 ])
 def test_saved_model_runs_quantized_in_executor_and_inference(emb_model, ids, tmp_path, config, max_err):
