@@ -10,7 +10,7 @@ from qcore.errors import GraphError
 from qcore.graph import open_graph
 from qcore.inference import predict
 from qcore.model_io import load_model
-from qcore.quant import log_dequantize, log_quantize
+from qcore.quant import LN2, log_dequantize, log_quantize
 from qcore.testing import EMBEDDING_INPUT_SPEC, TinyEmbeddingNet, save_tiny_net
 
 LOOKUPS = ["lookup_table", "embedding_with_scaled_gradient"]
@@ -67,7 +67,7 @@ def test_log_codes(emb_model, tmp_path):
     graph, op, table = _table_and_graph(emb_model)
     codes, meta = log_quantize(table, 8, axis=0)
     expected = _reference(emb_model, log_dequantize(codes, meta))
-    graph.quantize_lookup(op, codes, meta["absmax"], log=True)
+    graph.quantize_lookup(op, codes, meta["absmax"], log_step=LN2)
     np.testing.assert_allclose(graph.run({"ids": IDS})[0], expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(predict(graph.save(tmp_path / "q"), {"ids": IDS})[0], expected, rtol=1e-5, atol=1e-6)
 

@@ -162,7 +162,8 @@ def _bool(name: str, value: Any) -> bool:
     raise ConfigError(f"{name}={short_repr(value)} is not valid; valid choices: True, False")
 
 
-def _positive_int(name: str, value: Any) -> int:
+def validate_positive_int(name: str, value: Any) -> int:
+    """Return ``value`` as int if it is an integer (not a bool) greater than 0, else raise."""
     if _is_int(value) and value > 0:
         return int(value)
     raise ConfigError(f"{name}={short_repr(value)} is not valid; valid choices: an int greater than 0")
@@ -213,7 +214,7 @@ _VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
     "not_quant_pattern": lambda k, v: validate_names(k, v, allow_str=True, allow_empty=True),
     "quantize_op_types": lambda k, v: validate_names(k, v, SUPPORTED_QUANTIZE_OP_TYPES, noun="op types"),
     "dtype": lambda k, v: validate_choice(k, v, QUANT_DTYPES),
-    "window_size": _positive_int,
+    "window_size": validate_positive_int,
     "moving_rate": _rate,
     "for_tensorrt": _bool,
     "is_full_quantize": _bool,

@@ -57,7 +57,8 @@ def create_predictor(
     reason = target.unavailable() or target.accepts(files.model_file)
     if reason is not None:
         raise ConfigError(f"backend {target.name!r} cannot run {files.model_file}: {reason}")
-    made_for = marked_backend(files.model_file)
+    program = files.model_file.read_bytes()
+    made_for = marked_backend(program) if files.family == "legacy" else None
     if isinstance(target, OneDnnTarget) and made_for not in (None, "onednn"):
         warnings.warn(
             f"{files.model_file} was quantized for {made_for!r}: oneDNN's int8 passes run some of its layers "
@@ -65,7 +66,7 @@ def create_predictor(
             stacklevel=2,
         )
     problem = target.host_problem()
-    if problem is not None and _is_quantized(files):
+    if problem is not None and (b"quantize_linear" in program or b"fake_quantize" in program):  # a QDQ model
         warnings.warn(f"{files.model_file}: {problem}", stacklevel=2)
     if files.family == "legacy" and target.name == "openvino":
         files = _as_pdmodel(files)
@@ -78,12 +79,6 @@ def create_predictor(
     target.configure(config, threads)
     with native_output_quiet(os.environ.get(PADDLE_LOGS_ENV) != "1"):  # the passes print ~100 lines otherwise
         return inference.create_predictor(config)
-
-
-def _is_quantized(files: ModelFiles) -> bool:
-    """Whether the model file holds quantize / dequantize ops (legacy or PIR)."""
-    program = files.model_file.read_bytes()
-    return b"quantize_linear" in program or b"fake_quantize" in program
 
 
 def _as_pdmodel(files: ModelFiles) -> ModelFiles:

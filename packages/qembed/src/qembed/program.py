@@ -139,13 +139,14 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> li
             table, table_cfg.quantize_type, table_cfg.quantize_bits, table_cfg.per_row, table_cfg.threshold
         )
         q = choice.table
+        log_step = (q.log_step or LN2) if q.quantize_type == "log" else None
         for op in ops:
             if whole_table:
                 thresholds = q.scales.astype(np.float64) * qmax(q.bits)
                 axis = 0 if choice.per_row else None
                 graph.quantize_weight(graph.weight_operand(op), q.bits, axis, thresholds, float_dequant=True)
             else:
-                graph.quantize_lookup(op, q.codes, q.scales, log=q.quantize_type == "log", log_step=q.log_step or LN2)
+                graph.quantize_lookup(op, q.codes, q.scales, log_step=log_step)
         graph.drop_param_if_unused(name)
         op_types = tuple(sorted({o.seed_type or "" for o in ops}))
         reports.append(TableReport(name, op_types, table.shape, choice, whole_table))

@@ -9,14 +9,14 @@ such as labels are ignored), or a single array for a one-input model.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
 import numpy as np
 
-from qcore.errors import ConfigError, DataError
+from qcore.config import validate_positive_int
+from qcore.errors import DataError
 
 FeedSpec = tuple[tuple[int, ...], str]  # (shape with -1 for free dims, dtype name): Model.feed_specs()
 
@@ -60,14 +60,9 @@ def check_batch_arguments(sources: Sequence[Any], batch_size: Any, batch_nums: A
         raise DataError(
             f"pass exactly one of sample_generator, batch_generator or data_loader (got {len(given)})"
         )
-    if not _is_int(batch_size) or batch_size < 1:
-        raise ConfigError(f"batch_size={batch_size!r} is not valid; valid choices: an int greater than 0")
-    if batch_nums is not None and (not _is_int(batch_nums) or batch_nums < 1):
-        raise ConfigError(f"batch_nums={batch_nums!r} is not valid; valid choices: None (all data) or an int > 0")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    validate_positive_int("batch_size", batch_size)
+    if batch_nums is not None:
+        validate_positive_int("batch_nums", batch_nums)
 
 
 def check_feed(feed: dict[str, np.ndarray], specs: Mapping[str, FeedSpec], batch: int) -> None:

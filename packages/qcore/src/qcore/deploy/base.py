@@ -13,7 +13,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import host
@@ -64,15 +63,12 @@ def mark_model(graph: Graph, target: DeployTarget) -> None:
             first.raw._set_attr(MARK_ATTR, target.name)
 
 
-def marked_backend(model_file: Path) -> str | None:
-    """The backend a legacy model file was quantized for (:func:`mark_model`), or None."""
-    if model_file.suffix == ".json" or not model_file.is_file():
-        return None
-    data = model_file.read_bytes()
-    at = data.find(MARK_ATTR.encode())
+def marked_backend(program: bytes) -> str | None:
+    """The backend a serialized legacy program was quantized for (:func:`mark_model`), or None."""
+    at = program.find(MARK_ATTR.encode())
     if at < 0:
         return None
-    window = data[at : at + len(MARK_ATTR) + 32]
+    window = program[at : at + len(MARK_ATTR) + 32]
     return next((name for name in ("openvino", "tensorrt", "native", "onednn") if name.encode() in window), None)
 
 

@@ -20,7 +20,7 @@ import paddle
 from ..errors import GraphError
 from ..model_io import Model, ModelFiles, save_model
 from ..paddle_env import static_mode
-from ..quant import LN2, abs_max, dequantize, qmax, quantize, scale_from_threshold
+from ..quant import abs_max, dequantize, qmax, quantize, scale_from_threshold
 from .optable import OP_TABLE, backend_names, spec
 
 
@@ -266,17 +266,15 @@ class Graph(ABC):
             self._set_operand(operand, self._weight_dq[operand.name])
         return quantized
 
-    def quantize_lookup(
-        self, op: OpRef, codes: np.ndarray, scales: np.ndarray, log: bool = False, log_step: float = LN2
-    ) -> None:
+    def quantize_lookup(self, op: OpRef, codes: np.ndarray, scales: np.ndarray, log_step: float | None = None) -> None:
         """Make the table lookup ``op`` read int8 ``codes`` and dequantize only the rows it looks up.
 
         The lookup op itself runs on the int8 table (Paddle's CPU embedding kernels accept
         int8 in the executor and in paddle.inference), then its rows are cast to float and
         multiplied by ``scales``: one value for the whole table, or one per row (looked up with
-        the same ids). ``log=True`` reads the codes as :func:`qcore.quant.log_quantize` codes of grid
-        ``log_step`` (``sign(c) * exp(log_step * (1 - |c|))`` times the scale, i.e. the abs max; the
-        default ``ln 2`` is powers of two). A table read by several
+        the same ids). A ``log_step`` reads the codes as :func:`qcore.quant.log_quantize` codes of
+        that grid (``sign(c) * exp(log_step * (1 - |c|))`` times the scale, i.e. the abs max; ``ln 2``
+        is powers of two). A table read by several
         lookups is stored once.
         """
         weight = self.weight_operand(op)
@@ -295,7 +293,7 @@ class Graph(ABC):
                 shape = [rows, 1] if scales.size > 1 else [1]
                 scale_name = self._add_param(self._new_param_name(f"{key}@scale"), scales.reshape(shape), op)
                 self._weight_dq[key] = (codes_name, scale_name)
-            self._build_lookup_dq(op, weight, *self._weight_dq[key], scales.size > 1, log_step if log else None)
+            self._build_lookup_dq(op, weight, *self._weight_dq[key], scales.size > 1, log_step)
 
     @abstractmethod
     def _build_lookup_dq(
