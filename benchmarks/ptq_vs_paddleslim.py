@@ -22,9 +22,9 @@ import numpy as np
 import paddle
 from peak_rss import peak_rss_mb
 
-from qcore.demo import demo_model_dir, load_demo_data
 from qcore.inference import create_predictor, run_predictor
 from qcore.model_io import ModelFiles, find_model_files, load_model
+from qdemo import demo_model_dir, load_demo_data
 
 RESULTS = Path(__file__).parent / "results"
 ALGOS = ("KL", "abs_max", "hist", "mse", "avg", "emd")

@@ -17,10 +17,10 @@ from pathlib import Path
 import paddle
 from ptq_demo import latency_ms, top1
 
-from qcore.demo import demo_model_dir, load_demo_data
 from qcore.model_io import find_model_files
+from qdemo import demo_model_dir, load_demo_data
+from qdemo.qat import DEMO_INPUT_SPEC, finetune_demo, predict_dygraph
 from qptq import quant_post_static
-from qqat.demo import DEMO_INPUT_SPEC, finetune_demo, predict_dygraph
 
 RESULTS = Path(__file__).parent / "results"
 METHODS = {"QAT": {}, "QAT + PACT": {"activation_preprocess_type": "PACT"}}

@@ -2,7 +2,7 @@
 
 Reads the original idx files (Debian package ``dataset-fashion-mnist``,
 installed under /usr/share/datasets/fashion-mnist) and writes a stratified,
-seeded subset to ``packages/qcore/src/qcore/demo_assets/fashion_mnist_subset.npz``.
+seeded subset to ``packages/qdemo/src/qdemo/assets/fashion_mnist_subset.npz``.
 
 The committed npz is the source of truth; this script exists only so the subset
 can be rebuilt and audited.  Usage::
@@ -22,7 +22,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SRC = Path("/usr/share/datasets/fashion-mnist")
-DEFAULT_OUT = REPO / "packages/qcore/src/qcore/demo_assets/fashion_mnist_subset.npz"
+DEFAULT_OUT = REPO / "packages/qdemo/src/qdemo/assets/fashion_mnist_subset.npz"
 
 N_CLASSES = 10
 # per-class counts: 600 train + 100 calib (both from the 60k train file, disjoint)

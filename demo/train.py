@@ -1,6 +1,6 @@
 """Train the demo CNN on the bundled Fashion-MNIST subset and export it twice.
 
-Exports (same weights) to ``packages/qcore/src/qcore/demo_assets/``:
+Exports (same weights) to ``packages/qdemo/src/qdemo/assets/``:
 
 * ``model_pir/inference.json`` + ``inference.pdiparams``   (Paddle 3 PIR program)
 * ``model_legacy/inference.pdmodel`` + ``inference.pdiparams`` (legacy ProgramDesc)
@@ -47,7 +47,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=REPO / "packages/qcore/src/qcore/demo_assets")
+    ap.add_argument("--out", type=Path, default=REPO / "packages/qdemo/src/qdemo/assets")
     args = ap.parse_args()
     args.label_smoothing = RECIPES[args.head]["label_smoothing"]
     if args.epochs is None:
@@ -64,8 +64,8 @@ import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 from paddle import nn  # noqa: E402
 
-from qcore.demo import INPUT_NAME, MODEL_FAMILIES, load_demo_data  # noqa: E402
-from qcore.demo_net import DemoNet  # noqa: E402  (the architecture the bundled model has)
+from qdemo import INPUT_NAME, MODEL_FAMILIES, load_demo_data  # noqa: E402
+from qdemo.net import DemoNet  # noqa: E402  (the architecture the bundled model has)
 
 
 def augment(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 
 from qcli.main import main
-from qcore.demo import demo_model_dir
+from qdemo import demo_model_dir
 
 
 def test_bench_prints_and_writes_a_row_per_backend_and_batch(tmp_path, capsys):

@@ -7,8 +7,8 @@ import pytest
 
 from qcli import plugins
 from qcli.main import EXIT_CODES, exit_code, main
-from qcore.demo import demo_model_dir
 from qcore.errors import ModelFormatError
+from qdemo import demo_model_dir
 
 
 def test_demo_prints_before_after_table(tmp_path, capfd):

@@ -13,7 +13,7 @@ from qcli import plugins
 from qcli.main import main
 from qcore.inference import predict
 from qcore.model_io import find_model_files
-from qcore.testing import EMBEDDING_INPUT_SPEC, TinyEmbeddingNet, save_tiny_net
+from qdemo.testing import EMBEDDING_INPUT_SPEC, TinyEmbeddingNet, save_tiny_net
 
 pytest.importorskip("qembed")
 

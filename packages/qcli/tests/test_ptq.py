@@ -8,8 +8,8 @@ from PIL import Image
 
 from qcli.calib_data import load_image
 from qcli.main import main
-from qcore.demo import PIXEL_MEAN, PIXEL_STD, demo_model_dir, load_demo_data, load_demo_raw
 from qcore.model_io import find_model_files
+from qdemo import PIXEL_MEAN, PIXEL_STD, demo_model_dir, load_demo_data, load_demo_raw
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_static_from_image_folder_and_python_function(tmp_path):
     model = str(demo_model_dir("legacy"))
     assert main(["ptq", "static", model, str(tmp_path / "a"), "--data", str(folder), *args]) == 0
     script = tmp_path / "calib_fn.py"
-    script.write_text("from qcore.demo import load_demo_data\n\n"
+    script.write_text("from qdemo import load_demo_data\n\n"
                       "def samples():\n    return iter(load_demo_data('calib')[0][:20])\n")
     assert main(["ptq", "static", str(demo_model_dir("legacy")), str(tmp_path / "b"), "--data",
                  f"{script}:samples", "--batch-size", "5"]) == 0
@@ -77,7 +77,7 @@ def test_bad_calibration_sources(tmp_path, capsys):
     model, out = str(demo_model_dir("legacy")), str(tmp_path / "o")
     (tmp_path / "empty").mkdir()
     cases = [("nowhere.txt", "not a .npy file, a directory or module:function"),
-             (str(tmp_path / "empty"), "holds no images"), ("qcore.demo:nope", "has no function 'nope'")]
+             (str(tmp_path / "empty"), "holds no images"), ("qdemo:nope", "has no function 'nope'")]
     for data, message in cases:
         assert main(["ptq", "static", model, out, "--data", data]) == 5  # DataError
         err = capsys.readouterr().err

@@ -4,7 +4,7 @@ import numpy as np
 import paddle
 import pytest
 
-from qcore.testing import FORMATS, make_tiny_net, sample_input, save_tiny_net
+from qdemo.testing import FORMATS, make_tiny_net, sample_input, save_tiny_net
 
 
 @pytest.fixture(scope="session")

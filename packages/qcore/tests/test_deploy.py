@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qcore.demo import demo_model_dir
 from qcore.deploy import BACKEND_NAMES, TARGETS, available_targets, get_target, host
 from qcore.deploy.onednn import OneDnnTarget
 from qcore.deploy.openvino import OpenVinoTarget, cache_dir
@@ -13,6 +12,7 @@ from qcore.errors import ConfigError
 from qcore.graph import open_graph
 from qcore.inference import create_predictor, predict
 from qcore.model_io import find_model_files, load_model, save_model
+from qdemo import demo_model_dir
 
 
 def test_names_aliases_and_unknown_names():

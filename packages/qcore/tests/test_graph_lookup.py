@@ -11,7 +11,7 @@ from qcore.graph import open_graph
 from qcore.inference import predict
 from qcore.model_io import load_model
 from qcore.quant import LN2, log_dequantize, log_quantize
-from qcore.testing import EMBEDDING_INPUT_SPEC, TinyEmbeddingNet, save_tiny_net
+from qdemo.testing import EMBEDDING_INPUT_SPEC, TinyEmbeddingNet, save_tiny_net
 
 LOOKUPS = ["lookup_table", "embedding_with_scaled_gradient"]
 IDS = np.array([[0, 1, 2, 3, 63, 5], [7, 7, 0, 9, 10, 11]], np.int64)

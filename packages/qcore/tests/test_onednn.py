@@ -7,7 +7,7 @@ import pytest
 from qcore.deploy.onednn import clipping_avg_pools, deployed_fc_weight, deployed_thresholds, fc_int8_error
 from qcore.graph import open_graph
 from qcore.model_io import load_model
-from qcore.testing import TinyResNet
+from qdemo.testing import TinyResNet
 
 
 def test_run_scales_clip_columns_whose_max_exceeds_their_run():
@@ -164,7 +164,7 @@ def test_a_pool_scaled_through_a_reshape_keeps_the_fc_behind_it_float(tmp_path):
 
 def test_residual_fusions_name_the_conv_onednn_computes_each_add_in(tmp_path):
     from qcore.deploy.onednn import residual_fusions
-    from qcore.testing import TinyResNet, save_tiny_net
+    from qdemo.testing import TinyResNet, save_tiny_net
 
     paddle.seed(0)
     save_tiny_net(TinyResNet(), tmp_path / "legacy", "legacy_pdmodel")
@@ -214,7 +214,7 @@ def test_residual_signs_are_aligned_down_the_chain_without_changing_values(tmp_p
         residual_fusions,
         unsigned_activations,
     )
-    from qcore.testing import TinyResNet, save_tiny_net
+    from qdemo.testing import TinyResNet, save_tiny_net
 
     paddle.seed(0)
     save_tiny_net(paddle.nn.Sequential(TinyResNet(), _IdentityBlock(16)), tmp_path / "legacy", "legacy_pdmodel")
@@ -251,7 +251,7 @@ def test_residual_signs_are_aligned_down_the_chain_without_changing_values(tmp_p
 def test_only_relus_are_written_as_leaky(tmp_path):
     from qcore.deploy.onednn import write_relu_as_leaky
     from qcore.errors import GraphError
-    from qcore.testing import TinyResNet, save_tiny_net
+    from qdemo.testing import TinyResNet, save_tiny_net
 
     save_tiny_net(TinyResNet(), tmp_path / "legacy", "legacy_pdmodel")
     graph = open_graph(load_model(tmp_path / "legacy"))
@@ -274,7 +274,7 @@ class _PooledHead(paddle.nn.Layer):
 def test_the_pool_reading_the_last_residual_conv_can_give_it_an_output_scale(tmp_path):
     from qcore.deploy.onednn import keep_float_in_onednn, pooled_residual_outputs, residual_fusions
     from qcore.errors import GraphError
-    from qcore.testing import save_tiny_net
+    from qdemo.testing import save_tiny_net
 
     paddle.seed(0)
     for reshape in (False, True):

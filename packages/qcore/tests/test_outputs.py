@@ -15,7 +15,7 @@ import pytest
 from qcore.errors import OutputError
 from qcore.model_io import find_model_files, load_model, save_model
 from qcore.outputs import STAGING_PREFIX, check_file_name, staged_output
-from qcore.testing import make_tiny_net, save_tiny_net
+from qdemo.testing import make_tiny_net, save_tiny_net
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import numpy as np
 import paddle
 import pytest
 
-from qcore.testing import EMBEDDING_INPUT_SPEC, FORMATS, TinyEmbeddingNet, save_tiny_net
+from qdemo.testing import EMBEDDING_INPUT_SPEC, FORMATS, TinyEmbeddingNet, save_tiny_net
 
 VOCAB, DIM = 2000, 32
 

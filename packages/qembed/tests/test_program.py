@@ -247,7 +247,7 @@ def test_c_embedding_vocabulary_shard(family, tmp_path):
 @pytest.mark.parametrize("fmt", ["pir", "legacy_combined"])
 def test_scale_grad_by_freq_embedding_counts_as_lookup_table(fmt, ids, tmp_path):
     """nn.Embedding(scale_grad_by_freq=True) exports embedding_with_scaled_gradient; 'lookup_table' covers it."""
-    from qcore.testing import EMBEDDING_INPUT_SPEC, TinyEmbeddingNet, save_tiny_net
+    from qdemo.testing import EMBEDDING_INPUT_SPEC, TinyEmbeddingNet, save_tiny_net
 
     paddle.seed(0)
     net = TinyEmbeddingNet(VOCAB, DIM, scale_grad_by_freq=True)

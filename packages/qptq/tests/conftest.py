@@ -3,9 +3,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qcore.demo import demo_model_dir, load_demo_data
 from qcore.model_io import load_model
-from qcore.testing import make_tiny_net, sample_input, save_tiny_net
+from qdemo import demo_model_dir, load_demo_data
+from qdemo.testing import make_tiny_net, sample_input, save_tiny_net
 
 
 @pytest.fixture(scope="session")

@@ -128,7 +128,7 @@ def test_every_legacy_format_runs_on_every_cpu_backend(every_kind, tmp_path, lay
 
 
 def test_pir_models_refuse_openvino_instead_of_falling_back(tmp_path):
-    from qcore.demo import demo_model_dir
+    from qdemo import demo_model_dir
 
     with pytest.raises(ConfigError, match="does not convert PIR"):
         create_predictor(demo_model_dir("pir"), backend="openvino")

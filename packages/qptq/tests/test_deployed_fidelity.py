@@ -191,7 +191,7 @@ def test_unsigned_activations_are_simulated_as_onednn_runs_them(tmp_path, monkey
 
 def test_residual_joins_simulate_what_onednn_fuses_and_rounds(tmp_path, monkeypatch):
     from qcore.deploy.onednn import RESIDUAL_CONV_REASON
-    from qcore.testing import TinyResNet
+    from qdemo.testing import TinyResNet
 
     paddle.seed(0)
     _save_legacy(TinyResNet(), tmp_path / "float", [None, 1, 8, 8])
@@ -216,7 +216,7 @@ def test_residual_joins_simulate_what_onednn_fuses_and_rounds(tmp_path, monkeypa
 
 
 def test_a_projection_block_runs_int8_with_its_relu_written_signed(tmp_path, monkeypatch):
-    from qcore.testing import TinyResNet
+    from qdemo.testing import TinyResNet
 
     paddle.seed(0)
     _save_legacy(paddle.nn.Sequential(TinyResNet(), paddle.nn.Conv2D(16, 4, 1)), tmp_path / "float", [None, 1, 8, 8])
@@ -240,7 +240,7 @@ class _Classifier(paddle.nn.Layer):
     """TinyResNet, global average pool, flatten, fc: a ResNet's head."""
 
     def __init__(self) -> None:
-        from qcore.testing import TinyResNet
+        from qdemo.testing import TinyResNet
 
         super().__init__()
         self.body, self.fc = TinyResNet(), paddle.nn.Linear(16, 4)

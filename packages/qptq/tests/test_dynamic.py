@@ -65,7 +65,7 @@ def test_bad_arguments(tiny_model, tmp_path):
 
 
 def test_all_zero_weights_stay_zero(tmp_path, tiny_input):
-    from qcore.testing import make_tiny_net, save_tiny_net
+    from qdemo.testing import make_tiny_net, save_tiny_net
 
     net = make_tiny_net()
     net.fc.weight.set_value(np.zeros_like(net.fc.weight.numpy()))

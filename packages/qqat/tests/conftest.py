@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qcore.demo import load_demo_data
-from qqat.demo import finetune_demo
+from qdemo import load_demo_data
+from qdemo.qat import finetune_demo
 
 
 @pytest.fixture(scope="session")

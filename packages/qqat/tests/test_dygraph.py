@@ -10,10 +10,10 @@ from qcore.graph import open_graph
 from qcore.inference import predict
 from qcore.model_io import load_model
 from qcore.quant import fake_quantize
-from qcore.testing import TinyConvNet, sample_input
+from qdemo.qat import DEMO_INPUT_SPEC
+from qdemo.qat import predict_dygraph as logits
+from qdemo.testing import TinyConvNet, sample_input
 from qqat import QAT
-from qqat.demo import DEMO_INPUT_SPEC
-from qqat.demo import predict_dygraph as logits
 from qqat.layers import QuantedLayer
 from qqat.quanters import FakeQuanter, PACTQuanter
 

@@ -4,11 +4,11 @@ import numpy as np
 import paddle
 import pytest
 
-from qcore.demo import load_demo_data
 from qcore.errors import ConfigError, GraphError, QuantError
 from qcore.inference import predict
 from qcore.model_io import find_model_files
 from qcore.paddle_env import static_mode
+from qdemo import load_demo_data
 from qqat import convert, int8_values, quant_aware
 
 CONFIG = {"weight_quantize_type": "channel_wise_abs_max"}

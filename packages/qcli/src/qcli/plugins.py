@@ -6,7 +6,8 @@ import importlib
 import importlib.util
 from types import ModuleType
 
-PROVIDERS = {"ptq": "qptq", "demo": "qptq", "qat": "qqat", "embed": "qembed"}
+#: The packages each subcommand imports, the method package first; ``qdemo`` holds the demo model and data.
+PROVIDERS = {"ptq": ("qptq",), "demo": ("qptq", "qdemo"), "qat": ("qqat", "qdemo"), "embed": ("qembed",)}
 
 
 def installed(package: str) -> bool:
@@ -14,11 +15,13 @@ def installed(package: str) -> bool:
 
 
 def require(command: str) -> ModuleType:
-    """Import the package behind ``command`` or exit with the pip command that provides it."""
-    package = PROVIDERS[command]
-    if not installed(package):
+    """Import the method package behind ``command`` or exit with the pip command that provides what is missing."""
+    missing = [p for p in PROVIDERS[command] if not installed(p)]
+    if missing:
+        names = " and ".join(f"'{p}'" for p in missing)
+        paths = " ".join(f"packages/{p}" for p in missing)
         raise SystemExit(
-            f"qcli {command}: the '{package}' package is not installed; install it with "
-            f"'pip install packages/{package}' (or 'pip install qcli[all]')"
+            f"qcli {command}: {names} {'is' if len(missing) == 1 else 'are'} not installed; install with "
+            f"'pip install {paths}' (or 'pip install qcli[all]')"
         )
-    return importlib.import_module(package)
+    return importlib.import_module(PROVIDERS[command][0])

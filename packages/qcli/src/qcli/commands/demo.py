@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 
-from qcore.demo import demo_model_dir, load_demo_data
 from qcore.inference import create_predictor, run_predictor
 from qcore.model_io import ModelFiles, find_model_files
 
@@ -44,6 +43,8 @@ def _evaluate(files: ModelFiles, x: np.ndarray, y: np.ndarray, backend: str = "o
 
 def run(args: argparse.Namespace) -> int:
     qptq = require("demo")
+    from qdemo import demo_model_dir, load_demo_data
+
     calib, _ = load_demo_data("calib")
     x, y = load_demo_data("test")
     source = find_model_files(demo_model_dir(args.family))

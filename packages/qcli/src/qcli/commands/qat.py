@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from qcore.demo import demo_model_dir, load_demo_data
 from qcore.deploy import BACKEND_NAMES
 from qcore.model_io import find_model_files
 
@@ -37,7 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     require("qat")
-    from qqat.demo import DEMO_INPUT_SPEC, finetune_demo, predict_dygraph
+    from qdemo import demo_model_dir, load_demo_data
+    from qdemo.qat import DEMO_INPUT_SPEC, finetune_demo, predict_dygraph
 
     config = json.loads(args.config.read_text()) if args.config else {}
     if args.pact:

@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qcore.demo import demo_model_dir, load_demo_data
 from qcore.inference import predict
 from qcore.model_io import find_model_files, load_model
+from qdemo import demo_model_dir, load_demo_data
 
 
 def test_data_splits_are_real_balanced_and_normalised():
@@ -46,7 +46,7 @@ MEASURED_FLOAT_TOP1 = 86.0
 
 
 def test_raw_splits_are_uint8_int64_and_disjoint():
-    import qcore.demo as demo
+    import qdemo as demo
 
     with np.load(demo.demo_assets_dir() / "fashion_mnist_subset.npz") as data:
         for split, n in {"train": 6000, "calib": 1000, "test": 2000}.items():
@@ -111,7 +111,7 @@ def test_unknown_model_family_is_a_clear_error():
 def test_demo_net_holds_the_bundled_weights():
     import paddle
 
-    from qcore.demo_net import DemoNet, load_demo_net
+    from qdemo.net import DemoNet, load_demo_net
 
     x, y = load_demo_data("test")
     net = load_demo_net("pir")

@@ -15,10 +15,11 @@ import numpy as np
 import paddle
 from paddle import nn
 
-from .demo import demo_model_dir
-from .errors import ModelFormatError
-from .graph import open_graph
-from .model_io import load_model
+from qcore.errors import ModelFormatError
+from qcore.graph import open_graph
+from qcore.model_io import load_model
+
+from . import demo_model_dir
 
 
 class ConvBNReLU(nn.Layer):

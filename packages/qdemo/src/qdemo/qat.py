@@ -1,6 +1,6 @@
 """Quantization-aware fine-tuning of the bundled demo CNN (used by ``qcli qat``, tests, benchmarks).
 
-:func:`finetune_demo` starts from the 86.0 % float weights (:func:`qcore.demo_net.load_demo_net`),
+:func:`finetune_demo` starts from the 86.0 % float weights (:func:`qdemo.net.load_demo_net`),
 wraps the network with :class:`~qqat.QAT` and trains it with Adam on the demo train split.
 """
 
@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import paddle
 
-from qcore.demo import INPUT_NAME, INPUT_SHAPE, load_demo_data
-from qcore.demo_net import load_demo_net
+from qqat import QAT
 
-from .dygraph import QAT
+from . import INPUT_NAME, INPUT_SHAPE, load_demo_data
+from .net import load_demo_net
 
 DEMO_INPUT_SPEC = [paddle.static.InputSpec([None, *INPUT_SHAPE], "float32", INPUT_NAME)]
 

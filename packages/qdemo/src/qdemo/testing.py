@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from .model_io import load_model, save_model
+from qcore.model_io import load_model, save_model
 
 FORMATS = ("pir", "legacy_pdmodel", "legacy_combined", "legacy_separate")
 INPUT_SHAPE = (1, 8, 8)

@@ -1,7 +1,13 @@
-"""Bundled demo assets: a small Fashion-MNIST subset and a pretrained CNN.
+"""Demo data, the demo CNN and the shared test models of the q* packages.
 
-The assets live in ``qcore/demo_assets/`` and are shipped as package data, so they are
-available from an installed ``qcore`` as well as from a source checkout:
+Nothing here is needed to quantize a model: ``qcore`` and the method packages never import
+``qdemo``. It serves ``qcli demo`` / ``qcli qat``, the benchmarks, the documentation's examples
+and every package's tests. This module reads the bundled assets; :mod:`qdemo.net` rebuilds the
+demo CNN as layers, :mod:`qdemo.qat` fine-tunes it with ``qqat`` (``pip install qdemo[qat]``),
+and :mod:`qdemo.testing` builds the tiny models the test suites save in every format.
+
+The assets live in ``qdemo/assets/`` and are shipped as package data, so they are available
+from an installed ``qdemo`` as well as from a source checkout:
 
 * ``fashion_mnist_subset.npz`` -- uint8 images (N, 28, 28) and int64 labels for the
   ``train`` (6000), ``calib`` (1000, disjoint from train) and ``test`` (2000) splits,
@@ -21,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ConfigError, ModelFormatError, did_you_mean
+from qcore.errors import ConfigError, ModelFormatError, did_you_mean
 
 #: Mean and standard deviation of Fashion-MNIST pixels (scaled to [0, 1]) used to
 #: normalise the model input: ``x = (pixel / 255 - MEAN) / STD``.
@@ -50,7 +56,7 @@ MODEL_FAMILIES = {
 INPUT_NAME = "image"
 INPUT_SHAPE = (1, 28, 28)
 
-_ASSETS = Path(__file__).resolve().parent / "demo_assets"
+_ASSETS = Path(__file__).resolve().parent / "assets"
 _DATA_FILE = "fashion_mnist_subset.npz"
 
 
@@ -74,7 +80,7 @@ def load_demo_raw(split: str) -> tuple[np.ndarray, np.ndarray]:
         raise ConfigError(f"unknown demo split '{split}'{did_you_mean(split, SPLITS)}; use one of {', '.join(SPLITS)}")
     path = _ASSETS / _DATA_FILE
     if not path.is_file():
-        raise ModelFormatError(f"{path} is missing; reinstall qcore or regenerate it with demo/make_data.py")
+        raise ModelFormatError(f"{path} is missing; reinstall qdemo or regenerate it with demo/make_data.py")
     with np.load(path) as data:
         images = data[f"{split}_images"]
         labels = data[f"{split}_labels"].astype(np.int64, copy=False)
@@ -105,7 +111,7 @@ def demo_model_dir(family: str = "pir") -> Path:
     missing = [f for f in MODEL_FAMILIES[family] if not (path / f).is_file()]
     if missing:
         raise ModelFormatError(
-            f"{path} lacks {', '.join(missing)}; reinstall qcore or regenerate it with demo/train.py"
+            f"{path} lacks {', '.join(missing)}; reinstall qdemo or regenerate it with demo/train.py"
         )
     return path
 
