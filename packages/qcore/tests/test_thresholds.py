@@ -13,7 +13,6 @@ from qcore.errors import ConfigError, DataError
 from qcore.observers import HistogramObserver
 from qcore.thresholds import (
     ALGOS,
-    CalibrationStats,
     _expected_error,
     _kl_divergence,
     search_threshold,
@@ -205,7 +204,7 @@ def test_avg_from_option_or_observer():
 
 @pytest.mark.parametrize("name", SAMPLES)
 def test_all_algos_from_one_pass(name):
-    stats = CalibrationStats(bins=2048)
+    stats = HistogramObserver(bins=2048)
     for chunk in np.array_split(SAMPLES[name], 10):
         stats.update(chunk)
     found = thresholds_all_algos(stats, 8)
@@ -223,7 +222,7 @@ def test_all_algos_from_one_pass(name):
 
 
 def test_all_zero_data_gives_zero_thresholds():
-    stats = CalibrationStats(bins=16)
+    stats = HistogramObserver(bins=16)
     stats.update(np.zeros(10))
     assert set(thresholds_all_algos(stats).values()) == {0.0}
 

@@ -7,7 +7,8 @@ import pytest
 from qcore.model_io import load_model
 from qcore.quant import fake_quantize
 from qptq import PostTrainingQuantization
-from qptq.bias_correction import ChannelMean, output_shift
+from qptq.bias_correction import output_shift
+from qptq.calibrate import ChannelMean
 
 
 def _rounded(w: np.ndarray, bits: int = 4) -> np.ndarray:

@@ -18,6 +18,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from .errors import ConfigError, DataError, did_you_mean
 from .quant import abs_max, as_finite
+from .thresholds import search_threshold
 
 Conv = Callable[[Any], Any]  # converts a statistic to its state() value and back
 
@@ -364,8 +365,6 @@ class HistogramObserver(Observer):
 
     def threshold(self, algo: str = "kl", bits: int = 8, **opts: Any) -> float:
         """Threshold chosen by ``algo`` (see :func:`qcore.thresholds.search_threshold`)."""
-        from .thresholds import search_threshold  # thresholds imports this module
-
         self._require_data()
         return search_threshold(algo, self, bits, **opts)
 

@@ -3,7 +3,8 @@
 A histogram is ``(counts, bin_width)``: bin ``j`` covers ``[j*w, (j+1)*w)`` from 0, or any object
 with ``counts`` and ``bin_width`` attributes such as :class:`~qcore.observers.HistogramObserver`.
 That observer also keeps the mean of per-batch abs maxes, so one calibration pass feeds every
-algorithm (:func:`thresholds_all_algos`); it is exported here as :data:`CalibrationStats`.
+algorithm (:func:`thresholds_all_algos`). This module reads histograms and never imports the
+observers; ``HistogramObserver.threshold`` calls :func:`search_threshold`.
 Candidate thresholds are bin edges ``i * w``. Where a bin's contents matter, values are taken
 as uniform within the bin.
 """
@@ -17,10 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .errors import ConfigError, DataError, did_you_mean
-from .observers import HistogramObserver
 from .quant import qmax
-
-CalibrationStats = HistogramObserver
 
 ALIASES = {"direct": "abs_max"}
 
@@ -202,8 +200,8 @@ def search_threshold(algo: str, hist: Any, bits: int = 8, **opts: Any) -> float:
     return _FROM_HISTOGRAM[name](c, w, bits, **opts) if w > 0 else 0.0
 
 
-def thresholds_all_algos(stats: HistogramObserver, bits: int = 8, hist_percent: float = 0.99999) -> dict[str, float]:
-    """``{algo: threshold}`` for every algorithm from one observer's statistics."""
+def thresholds_all_algos(stats: Any, bits: int = 8, hist_percent: float = 0.99999) -> dict[str, float]:
+    """``{algo: threshold}`` for every algorithm from one histogram's statistics (a ``HistogramObserver``)."""
     return {
         name: search_threshold(name, stats, bits, **({"hist_percent": hist_percent} if name == "hist" else {}))
         for name in ALGOS

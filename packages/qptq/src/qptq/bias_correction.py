@@ -1,47 +1,23 @@
 """Bias correction: cancel the mean output shift that rounding the weights causes.
 
 With weight error ``e = W_q - W``, a layer's output moves on average by ``e · E[x]``. The
-calibration pass records ``E[x]`` per input channel (a mergeable sum and count), and the
-correction ``e · E[x]`` per output channel is subtracted from the layer's bias (Nagel et al.,
-"Data-Free Quantization", 2019, empirical variant). Conv borders (padding) are ignored.
+calibration pass records ``E[x]`` per input channel (:class:`qptq.calibrate.ChannelMean`, a
+mergeable sum and count), and the correction ``e · E[x]`` per output channel is subtracted
+from the layer's bias (Nagel et al., "Data-Free Quantization", 2019, empirical variant). Conv borders (padding) are ignored.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from qcore.deploy import OpTarget
 from qcore.graph import Graph, QuantizedWeight
 
+from .calibrate import ChannelMean
+
 CONV_KINDS = ("conv2d", "depthwise_conv2d")
 FC_KINDS = ("mul", "matmul", "matmul_v2")
 CORRECTABLE = (*CONV_KINDS, *FC_KINDS)
-
-
-@dataclass
-class ChannelMean:
-    """Running per-channel mean of an activation along ``axis`` (1 for NCHW convs, -1 for fc)."""
-
-    axis: int
-    total: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    count: int = 0
-
-    def update(self, x: np.ndarray) -> None:
-        rows = np.moveaxis(np.asarray(x, np.float64), self.axis, -1)
-        rows = rows.reshape(-1, rows.shape[-1])
-        self.total = rows.sum(0) if self.count == 0 else self.total + rows.sum(0)
-        self.count += rows.shape[0]
-
-    def merge(self, other: ChannelMean) -> ChannelMean:
-        self.total = other.total.copy() if self.count == 0 else self.total + other.total
-        self.count += other.count
-        return self
-
-    @property
-    def mean(self) -> np.ndarray:
-        return self.total / max(self.count, 1)
 
 
 def output_shift(

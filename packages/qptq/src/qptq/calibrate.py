@@ -19,12 +19,34 @@ from qcore.graph import Graph, Operand
 from qcore.observers import HistogramObserver
 from qcore.paddle_env import onednn_kernels
 
-from .bias_correction import ChannelMean
-
 try:
     from tqdm import tqdm
 except ImportError:  # pragma: no cover - tqdm is a declared dependency
     tqdm = None
+
+
+@dataclass
+class ChannelMean:
+    """Running per-channel mean of an activation along ``axis`` (1 for NCHW convs, -1 for fc)."""
+
+    axis: int
+    total: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    count: int = 0
+
+    def update(self, x: np.ndarray) -> None:
+        rows = np.moveaxis(np.asarray(x, np.float64), self.axis, -1)
+        rows = rows.reshape(-1, rows.shape[-1])
+        self.total = rows.sum(0) if self.count == 0 else self.total + rows.sum(0)
+        self.count += rows.shape[0]
+
+    def merge(self, other: ChannelMean) -> ChannelMean:
+        self.total = other.total.copy() if self.count == 0 else self.total + other.total
+        self.count += other.count
+        return self
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self.total / max(self.count, 1)
 
 
 @dataclass

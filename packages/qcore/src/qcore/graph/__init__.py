@@ -1,8 +1,21 @@
-"""One graph interface over Paddle's two static IRs (PIR and legacy ProgramDesc)."""
+"""One graph interface over Paddle's two static IRs (PIR and legacy ProgramDesc).
 
-from .base import Graph, Operand, OpRef, QuantizedWeight, open_graph
+:class:`Graph` (``base.py``) holds the shared logic; ``legacy.py`` and ``pir.py`` implement its
+primitives; :func:`open_graph`, the one place that knows both backends, picks one.
+"""
+
+from ..model_io import Model
+from .base import Graph, Operand, OpRef, QuantizedWeight
+from .legacy import LegacyGraph
 from .optable import OP_TABLE, OpSpec, backend_names
+from .pir import PirGraph
 from .rewrite import OpQuantization, quantize_op
+
+
+def open_graph(model: Model) -> Graph:
+    """The graph backend for ``model``'s family."""
+    return LegacyGraph(model) if model.family == "legacy" else PirGraph(model)
+
 
 __all__ = [
     "OP_TABLE",

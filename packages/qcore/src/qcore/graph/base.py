@@ -407,14 +407,3 @@ class Graph(ABC):
     def op_types(self) -> list[str]:
         """Backend op types in program order (handy for asserting on rewrites)."""
         return [self._op_type(raw) for raw in self._raw_ops()]
-
-
-def open_graph(model: Model) -> Graph:
-    """The graph backend for ``model``'s family."""
-    if model.family == "legacy":
-        from .legacy import LegacyGraph
-
-        return LegacyGraph(model)
-    from .pir import PirGraph
-
-    return PirGraph(model)
