@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 import pytest
+from conftest import SAVE_ROUTES, StaticProgram
 
 from qcore.errors import ConfigError, GraphError
 from qcore.graph import open_graph
@@ -78,42 +79,11 @@ def test_threshold_clips_and_auto_picks_per_row(emb_model, tmp_path):
     assert auto.quantized_bytes == VOCAB * DIM + VOCAB * 4
 
 
-def _static_program(family, op_type="lookup_table_v2"):
-    """A program built with paddle.static (the seeds' way), its scope, feed and output."""
-    guard = paddle.pir_utils.OldIrGuard() if family == "legacy" else paddle.pir_utils.IrGuard()
-    paddle.enable_static()
-    with guard:
-        main, startup, scope = paddle.static.Program(), paddle.static.Program(), paddle.static.Scope()
-        with paddle.static.program_guard(main, startup), paddle.static.scope_guard(scope):
-            if op_type == "lookup_table":  # Paddle 1.x's op, hand-written into the ProgramDesc
-                word = paddle.static.data("word", [None, 1], "int64")
-                emb = paddle.static.create_parameter([100, 8], "float32", name="emb")
-                out = main.global_block().create_var(name="looked_up", dtype="float32", shape=[-1, 8])
-                main.global_block().append_op(
-                    type="lookup_table", inputs={"Ids": [word], "W": [emb]}, outputs={"Out": [out]},
-                    attrs={"padding_idx": -1},
-                )
-                both = out + 0.0
-            else:
-                word = paddle.static.data("word", [None, 1], "int64")
-                attr = paddle.ParamAttr(name="emb", initializer=paddle.nn.initializer.Uniform(-0.5, 0.5))
-                if family == "legacy":
-                    both = paddle.static.nn.embedding(word, size=[100, 8], param_attr=attr) * 2.0
-                else:  # paddle.static.nn.embedding only builds legacy programs
-                    emb = paddle.static.create_parameter([100, 8], "float32", attr=attr)
-                    both = paddle.nn.functional.embedding(word, emb) * 2.0
-            exe = paddle.static.Executor(paddle.CPUPlace())
-            exe.run(startup)
-            scope.var("emb").get_tensor().set(
-                np.random.default_rng(0).uniform(-0.5, 0.5, (100, 8)).astype("float32"), paddle.CPUPlace()
-            )
-    return main, scope, both, exe, guard
-
-
 @pytest.mark.parametrize("family,op_type", [("pir", "embedding"), ("legacy", "lookup_table_v2"),
                                             ("legacy", "lookup_table")])
-def test_seed_api_on_an_in_memory_program(family, op_type):
-    main, scope, out, exe, guard = _static_program(family, op_type)
+def test_seed_api_on_an_in_memory_program(family, op_type, static_program):
+    p = static_program(family, op_type)
+    main, scope, out, exe, guard = p.main, p.scope, p.out, p.exe, p.guard
     word = np.array([[3], [99], [3]], np.int64)
     table = np.array(scope.find_var("emb").get_tensor())
     with guard, paddle.static.scope_guard(scope):
@@ -175,10 +145,11 @@ def test_bad_input(emb_model, tmp_path):
     assert not (tmp_path / "q").exists()
 
 
-def test_pyramid_hash_table_is_stored_int8_and_dequantized_whole():
+def test_pyramid_hash_table_is_stored_int8_and_dequantized_whole(save_params, tmp_path):
     """Paddle 3.3.1's CPU pyramid_hash kernel rejects an int8 W: the table is dequantized in front of it."""
     paddle.enable_static()
-    with paddle.pir_utils.OldIrGuard():
+    guard = paddle.pir_utils.OldIrGuard()
+    with guard:
         main, startup, scope = paddle.static.Program(), paddle.static.Program(), paddle.static.Scope()
         with paddle.static.program_guard(main, startup), paddle.static.scope_guard(scope):
             x = paddle.static.data("x", [None, 1], "int32", lod_level=1)
@@ -205,11 +176,14 @@ def test_pyramid_hash_table_is_stored_int8_and_dequantized_whole():
             ids.set_recursive_sequence_lengths([[3, 1]])
             result = np.array(exe.run(main, feed={"x": ids}, fetch_list=[out], return_numpy=False)[0])
             assert result.shape[1] == 8
+    for route in SAVE_ROUTES["legacy"]:  # the files keep the int8 table and its one scale
+        files = save_params(route, StaticProgram(main, scope, x, out, exe, guard), tmp_path / route)
+        assert 1008 + 4 <= sum(files.values()) <= 1008 + 4 + 512 < table.nbytes, files
     paddle.disable_static()
 
 
 @pytest.mark.parametrize("family", ["pir", "legacy"])
-def test_c_embedding_vocabulary_shard(family, tmp_path):
+def test_c_embedding_vocabulary_shard(family, tmp_path, save_params):
     """c_embedding (a model-parallel shard: ids outside [start, start + rows) give zeros) rejects int8
     tables on CPU, so its table is dequantized whole; the program runs in the executor and in inference."""
     guard = paddle.pir_utils.OldIrGuard() if family == "legacy" else paddle.pir_utils.IrGuard()
@@ -236,6 +210,9 @@ def test_c_embedding_vocabulary_shard(family, tmp_path):
             quant_embedding(main, None, {"per_row": True}, scope)
             got = exe.run(main, feed={"ids": ids}, fetch_list=[y])[0]
             paddle.static.save_inference_model(str(tmp_path / "m" / "inference"), [x], [y], exe, program=main)
+    for route in SAVE_ROUTES[family]:  # the files keep the int8 table and its scales, not the float table
+        files = save_params(route, StaticProgram(main, scope, x, y, exe, guard), tmp_path / route)
+        assert 50 * 8 + 50 * 4 <= sum(files.values()) <= 50 * 8 + 50 * 4 + 512 < table.nbytes, files
     paddle.disable_static()
     dequantized = quantize_table(table, per_row=True).dequantize()
     expected = np.stack([dequantized[[0, 49]], np.stack([np.zeros(8), dequantized[20]])])
