@@ -147,7 +147,7 @@ def test_paddleslim_26_keywords(every_kind, tmp_path):
     weights = [layer["weight"]["name"] for layer in report["layers"] if "weight" in layer]
     assert "conv2d_1.w_0" not in weights and "conv2d_0.w_0" in weights
     for bad, message in [({"onnx_format": False}, "only the QDQ format"),
-                         ({"round_type": "adaround"}, "not implemented"), ({"round_type": "floor"}, "round_type"),
+                         ({"round_type": "floor"}, "round_type"), ({"algo": "kll"}, "did you mean 'kl'"),
                          ({"deploy_backend": "openvno"}, "did you mean 'openvino'")]:
         with pytest.raises(ConfigError, match=message):
             quant_post_static(None, directory / "float", tmp_path / "bad", sample_generator=lambda: iter(x), **bad)

@@ -156,7 +156,7 @@ def test_bad_inputs_fail_with_clear_errors(tiny_model, tiny_input, tmp_path):
     nan_input[0, 0, 0, 0] = np.nan
     with pytest.raises(DataError, match="activation 'x'.*NaN"):
         run(sample_generator=lambda: iter(nan_input))
-    with pytest.raises(ConfigError, match="did you mean 'KL'"):
+    with pytest.raises(ConfigError, match="did you mean 'kl'"):
         run(algo="kl2")
     with pytest.raises(ConfigError, match="activation_bits"):
         run(activation_bits=1)

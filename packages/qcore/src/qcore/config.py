@@ -133,7 +133,7 @@ def check_paddleslim_keywords(onnx_format: bool | None, round_type: str) -> None
     """Accept PaddleSlim 2.6's ``onnx_format`` and ``round_type`` where they describe what we do.
 
     Every model written here is in the QDQ ("ONNX") format, so ``onnx_format`` may be None or
-    True; ``round_type`` may be ``"round"`` (AdaRound is not implemented yet).
+    True; ``round_type`` is ``"round"`` or ``"adaround"`` (learned weight rounding, ``qptq.adaround``).
     """
     if onnx_format is not None and onnx_format is not True:
         raise ConfigError(
@@ -141,8 +141,6 @@ def check_paddleslim_keywords(onnx_format: bool | None, round_type: str) -> None
             "(quantize_linear/dequantize_linear, what onnx_format=True writes); drop the argument or pass True"
         )
     validate_choice("round_type", round_type, ROUND_TYPES)
-    if round_type == "adaround":
-        raise ConfigError("round_type='adaround' is not implemented yet; use round_type='round' (the default)")
 
 
 def _is_int(value: Any) -> bool:

@@ -180,16 +180,22 @@ def _histogram(hist: Any) -> tuple[Counts, float]:
     return c, width
 
 
+def canonical_algo(algo: str, extra: tuple[str, ...] = ()) -> str:
+    """``algo`` as one of :data:`ALGOS` (or ``extra``): any case, aliases resolved; else one ConfigError line."""
+    name = ALIASES.get(str(algo).lower(), str(algo).lower())
+    if name not in ALGOS and name not in extra:
+        choices = [*ALGOS, *extra, *ALIASES]
+        raise ConfigError(f"unknown threshold algo {algo!r}{did_you_mean(name, choices)}; use one of {choices}")
+    return name
+
+
 def search_threshold(algo: str, hist: Any, bits: int = 8, **opts: Any) -> float:
     """Threshold chosen by ``algo`` (``abs_max``/``direct``, ``kl``, ``hist``, ``mse``, ``avg``, ``emd``; any case).
 
     Options: ``hist_percent`` for ``hist`` (default 0.99999); ``avg`` for ``avg`` (default: the
     ``avg_abs_max`` attribute of ``hist``).
     """
-    name = ALIASES.get(str(algo).lower(), str(algo).lower())
-    if name not in ALGOS:
-        choices = [*ALGOS, *ALIASES]
-        raise ConfigError(f"unknown threshold algo {algo!r}{did_you_mean(name, choices)}; use one of {choices}")
+    name = canonical_algo(algo)
     extra = sorted(set(opts) - set(_OPTIONS.get(name, ())))
     if extra:
         raise ConfigError(f"algo {name!r} has no option {extra}; its options are {list(_OPTIONS.get(name, ()))}")

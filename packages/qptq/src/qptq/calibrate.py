@@ -55,8 +55,10 @@ class Calibration:
 
     observers: dict[str, HistogramObserver] = field(default_factory=dict)
     channel_means: dict[str, ChannelMean] = field(default_factory=dict)
+    activation_samples: dict[str, list[np.ndarray]] = field(default_factory=dict)  # first rows of each
     batches: int = 0
     samples: int = 0
+    samples_kept: int = 0
 
 
 def calibrate(
@@ -66,10 +68,13 @@ def calibrate(
     *,
     progress: bool = False,
     channel_means: dict[str, ChannelMean] | None = None,
+    keep_samples: int = 0,
 ) -> Calibration:
     """Run ``graph`` over ``batches`` and observe every target activation.
 
     ``channel_means`` (by activation name) are updated in the same pass (for bias correction).
+    ``keep_samples``: also keep the first that many samples (rows of axis 0) of each activation,
+    for the layer-wise methods (``algo="auto"``, AdaRound); memory grows with it, not with batches.
     """
     unique: dict[str, Operand] = {}
     for target in targets:
@@ -77,10 +82,11 @@ def calibrate(
             unique.setdefault(operand.name, operand)
     names = list(unique)
     result = Calibration({n: HistogramObserver() for n in names}, dict(channel_means or {}))
+    result.activation_samples = {n: [] for n in names} if keep_samples > 0 else {}
     fetch = [unique[n].value for n in names]
     iterator = tqdm(batches, desc="calibrating", unit="batch", disable=not progress) if tqdm else batches
     with onednn_kernels(), _ops_in_test_mode(graph):
-        _observe(graph, iterator, names, fetch, result)
+        _observe(graph, iterator, names, fetch, result, keep_samples)
     return result
 
 
@@ -108,7 +114,7 @@ def run_batches(graph: Graph, batches: Iterable[dict[str, np.ndarray]]) -> list[
 
 
 def _observe(graph: Graph, batches: Iterable[dict[str, np.ndarray]], names: list[str], fetch: list,
-             result: Calibration) -> None:
+             result: Calibration, keep_samples: int) -> None:
     for feed in batches:
         values = _run(graph, feed, fetch)
         for name, value in zip(names, values):
@@ -118,8 +124,12 @@ def _observe(graph: Graph, batches: Iterable[dict[str, np.ndarray]], names: list
                 raise DataError(f"activation {name!r} at batch {result.batches}: {exc}") from None
             if name in result.channel_means:
                 result.channel_means[name].update(value)
+            kept = result.activation_samples.get(name)
+            if kept is not None and value.ndim and result.samples_kept < keep_samples:
+                kept.append(value[: keep_samples - result.samples_kept].copy())
         result.batches += 1
         result.samples += len(next(iter(feed.values())))
+        result.samples_kept = min(keep_samples, result.samples)
 
 
 def _run(graph: Graph, feed: dict[str, np.ndarray], fetch: list) -> list[np.ndarray]:

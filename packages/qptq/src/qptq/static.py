@@ -16,6 +16,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from qcore.config import check_paddleslim_keywords, validate_bits, validate_choice, validate_names
 from qcore.constants import (
     ACTIVATION_QUANTIZE_TYPES,
@@ -29,10 +31,13 @@ from qcore.deploy.base import mark_model
 from qcore.deploy.onednn import OneDnnTarget
 from qcore.errors import ConfigError
 from qcore.graph import Graph, open_graph
+from qcore.graph.replay import LayerReplay, replayable
 from qcore.model_io import ModelFiles, check_model_output, load_model
 from qcore.outputs import write_bytes
-from qcore.thresholds import ALIASES, thresholds_all_algos
+from qcore.thresholds import ALGOS, ALIASES, canonical_algo, thresholds_all_algos
 
+from .adaround import AdaRounded, adaround
+from .auto import AUTO, AutoChoice, choose_thresholds
 from .bias_correction import correct_bias, input_means
 from .budget import Budget, EvalFunction, output_error, score_of, smallest_within
 from .budget import report as budget_report
@@ -43,7 +48,10 @@ from .naming import output_names
 log = logging.getLogger(__name__)
 #: Calibration batches the accuracy budget scores candidates on (label-free) and ranks layers with.
 BUDGET_BATCHES = 4
-ALGO_CHOICES = ("KL", "abs_max", "direct", "hist", "mse", "avg", "emd")
+#: Calibration samples kept per activation for the layer-wise methods (``algo="auto"``, AdaRound).
+LAYERWISE_SAMPLES = 32
+#: Every ``algo`` accepted (any case): the histogram algorithms, ``auto`` (:mod:`qptq.auto`), aliases.
+ALGO_CHOICES = (*ALGOS, AUTO, *ALIASES)
 DEFAULT_OP_TYPES = ("conv2d", "depthwise_conv2d", "mul")
 
 
@@ -100,10 +108,10 @@ class PostTrainingQuantization:
         validate_names("quantizable_op_type", quantizable_op_type)
         if isinstance(hist_percent, bool) or not isinstance(hist_percent, (int, float)) or not 0 < hist_percent <= 1:
             raise ConfigError(f"hist_percent={hist_percent!r} is not valid; valid choices: a number in (0, 1]")
-        validate_choice("algo", algo, ALGO_CHOICES)
         validate_choice("activation_quantize_type", activation_quantize_type, ACTIVATION_QUANTIZE_TYPES)
         validate_choice("weight_quantize_type", weight_quantize_type, WEIGHT_QUANTIZE_TYPES[:2])
         check_paddleslim_keywords(onnx_format, round_type)
+        self.round_type = round_type
         self.budget = Budget.from_options(eval_function, max_metric_drop, max_output_error, max_float_layers,
                                           max_evaluations)
         self.target = get_target(deploy_backend)
@@ -113,7 +121,7 @@ class PostTrainingQuantization:
         self.skip_tensors = set(skip_tensor_list or ())
         self.weight_bits = validate_bits("weight_bits", weight_bits, 2, 16)
         self.activation_bits = validate_bits("activation_bits", activation_bits, 2, 16)
-        self.algo = ALIASES.get(algo.lower(), algo.lower())
+        self.algo = canonical_algo(algo, extra=(AUTO,))
         self.hist_percent = hist_percent
         self.per_channel = weight_quantize_type == "channel_wise_abs_max"
         self.op_types = (
@@ -148,6 +156,8 @@ class PostTrainingQuantization:
         )
         self.graph: Graph | None = None
         self.report: dict[str, Any] = {}
+        self._auto: dict[str, AutoChoice] = {}
+        self._rounded: dict[int, AdaRounded] = {}
 
     def quantize(self) -> Any:
         """Calibrate and rewrite; returns the quantized program."""
@@ -157,13 +167,19 @@ class PostTrainingQuantization:
             graph.fold_conv_bn()
         targets, float_inputs = self._planned_targets(graph)
         means = input_means(targets) if self.bias_correction else {}
-        calibration = calibrate(graph, targets, self._batches(), progress=self.progress, channel_means=means)
+        layerwise = self.algo == AUTO or self.round_type == "adaround"
+        calibration = calibrate(graph, targets, self._batches(), progress=self.progress, channel_means=means,
+                                keep_samples=LAYERWISE_SAMPLES if layerwise else 0)
         if self.cache_file is not None:
             self._checkpoint(calibration)
         candidates = {
             name: thresholds_all_algos(obs, self.activation_bits, self.hist_percent)
             for name, obs in calibration.observers.items()
         }
+        self._auto = (choose_thresholds(graph, targets, candidates, calibration.activation_samples,
+                                        self.activation_bits) if self.algo == AUTO else {})
+        self._rounded = self._adaround(graph, targets, calibration) if self.round_type == "adaround" else {}
+        calibration.activation_samples.clear()
         kept: dict[int, str] = {}
         budget_report = None
         if self.budget is not None:
@@ -192,6 +208,22 @@ class PostTrainingQuantization:
         joins = self.residual_add and "elementwise_add" not in self.op_types  # else they are ordinary targets
         extra, float_inputs = self.target.plan(graph, targets, self.skip_patterns, residual_add=joins)
         return targets + extra, float_inputs
+
+    def _adaround(self, graph: Graph, targets: list[OpTarget], calibration: Calibration) -> dict[int, AdaRounded]:
+        """AdaRound's weight for every replayable weighted target, by position in ``targets``."""
+        max_code = self.target.weight_max_code(self.weight_bits, graph.family)
+        rounded = {}
+        for i, target in enumerate(targets):
+            if target.weight is None or not target.activations or not replayable(graph, target.op):
+                continue
+            kept = calibration.activation_samples.get(target.activations[0].name)
+            if not kept:
+                continue
+            axis = graph.weight_channel_axis(target.op) if self.per_channel else None
+            rounded[i] = adaround(LayerReplay(graph, target.op), np.concatenate(kept),
+                                  graph.get_param(target.weight.name), bits=self.weight_bits, axis=axis,
+                                  max_code=max_code)
+        return rounded
 
     def _meet_budget(
         self, graph: Graph, targets: list[OpTarget], candidates: dict[str, dict[str, float]], calibration: Calibration
@@ -258,7 +290,9 @@ class PostTrainingQuantization:
         planned = [
             Planned(t, {a.name: deployed[a.name] for a in t.activations} if t.for_conv is not None
                     else [deployed[a.name] for a in t.activations],  # by position: PIR names shift
-                    per_channel=self.per_channel, keep_float=keep_float.get(i))
+                    per_channel=self.per_channel, keep_float=keep_float.get(i),
+                    weight_thresholds=self._rounded[i].thresholds if i in self._rounded else None,
+                    weight_value=self._rounded[i].weight if i in self._rounded else None)
             for i, t in enumerate(targets)
         ]  # fmt: skip
         applied = apply_rules(graph, rules, planned, weight_bits=self.weight_bits, activation_bits=self.activation_bits)
@@ -266,6 +300,11 @@ class PostTrainingQuantization:
             mark_model(graph, self.target)
         layers = [self._layer_report(graph, a, candidates, chosen, deployed, rules.unsigned, calibration)
                   for a in applied]
+        for i, rounded in self._rounded.items():
+            if "weight" in layers[i]:
+                layers[i]["weight"]["adaround"] = {
+                    "used": rounded.used, "loss_nearest": round(rounded.loss_nearest, 6),
+                    "loss_adaround": round(rounded.loss_adaround, 6), "flipped": round(rounded.flipped, 4)}
         return {"algo": self.algo, "deploy_backend": self.target.name if self.deploy_backend else None,
                 "weight_max_code": self.target.weight_max_code(self.weight_bits, graph.family),
                 "batches": calibration.batches, "samples": calibration.samples, "layers": layers,
@@ -294,6 +333,10 @@ class PostTrainingQuantization:
                                     "all_algos": {k: round(v, 6) for k, v in candidates[operand.name].items()}}
             if operand.name in unsigned:
                 info["unsigned"] = True  # oneDNN runs it as u8; the simulation does too
+            if operand.name in self._auto:
+                choice = self._auto[operand.name]
+                info["auto"] = {"algo": choice.algo, "layer_output_error": {
+                    k: float(f"{v:.6g}") for k, v in choice.errors.items()}}
             if deployed[operand.name] != chosen[operand.name]:
                 info["own_threshold"] = chosen[operand.name]  # oneDNN runs it with another tensor's scale
             if info["threshold"] <= 0:

@@ -35,6 +35,7 @@ class Planned:
     act_thresholds: Mapping[str, float] | Sequence[float] | float
     per_channel: bool = True
     weight_thresholds: np.ndarray | None = None  # None: the weight's abs max
+    weight_value: np.ndarray | None = None  # the float weight to store (None: the parameter's; AdaRound's)
     keep_float: str | None = None  # the caller's reason to leave this op float (e.g. an accuracy budget)
 
 
@@ -66,7 +67,8 @@ def apply_rules(
             continue
         done = quantize_op(
             graph, target.op, item.act_thresholds, weight_bits=weight_bits, activation_bits=activation_bits,
-            per_channel=item.per_channel, weight_thresholds=item.weight_thresholds, unsigned=rules.unsigned,
+            per_channel=item.per_channel, weight_thresholds=item.weight_thresholds, weight_value=item.weight_value,
+            unsigned=rules.unsigned,
             float_dequant=target.op.seed_type in rules.target.float_dequant_weights, weight_max_code=max_code,
         )  # fmt: skip
         if target.runs_float:

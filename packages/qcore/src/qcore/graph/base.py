@@ -93,6 +93,14 @@ class Graph(ABC):
     @abstractmethod
     def _operand_in_slot(self, op: OpRef, slot: str) -> Operand | None: ...
 
+    @abstractmethod
+    def output(self, op: OpRef) -> Any:
+        """The backend value of ``op``'s first output (what :meth:`run` fetches)."""
+
+    @abstractmethod
+    def attrs(self, op: OpRef) -> dict[str, Any]:
+        """``op``'s attributes by their name in its IR (legacy ``trans_y`` is PIR's ``transpose_y``)."""
+
     def _seed_type(self, raw: Any, backend_type: str) -> str | None:
         for seed, entry in OP_TABLE.items():
             if backend_type in (entry.legacy if self.family == "legacy" else entry.pir):
@@ -238,13 +246,15 @@ class Graph(ABC):
         thresholds: np.ndarray | float | None = None,
         float_dequant: bool = False,
         max_code: int | None = None,
+        value: np.ndarray | None = None,
     ) -> QuantizedWeight:
         """Store ``operand``'s parameter as int8/int16 codes read through a dequantize step.
 
         ``axis`` is the channel axis for per-channel scales (None: one scale). Thresholds
         default to the abs max (per channel). A weight shared by several ops is quantized once.
         ``max_code`` keeps the codes within +-``max_code`` by widening the thresholds (stored
-        widened): the overflow fix of :mod:`qcore.deploy.host`.
+        widened): the overflow fix of :mod:`qcore.deploy.host`. ``value`` is quantized instead of
+        the parameter's float weight (same shape; the parameter itself is never changed).
         ``float_dequant`` makes legacy programs use cast -> elementwise_mul instead of
         ``dequantize_linear``, which Paddle Inference's oneDNN int8 passes fold into the op: right
         for ops without int8 kernels (measured: ``c_embedding`` then fails to run).
@@ -252,6 +262,10 @@ class Graph(ABC):
         if not operand.is_param:
             raise GraphError(f"{operand.name!r} is not a parameter; only weights can be stored quantized")
         weight = self.get_param(operand.name)
+        if value is not None:
+            if value.shape != weight.shape:
+                raise GraphError(f"value for {operand.name!r} has shape {value.shape}, expected {weight.shape}")
+            weight = value
         if thresholds is None:
             thresholds = abs_max(weight, axis)
         thr = np.atleast_1d(np.asarray(thresholds, dtype=np.float64))

@@ -58,6 +58,12 @@ class LegacyGraph(Graph):
             return None
         return self._var_operand(op, slot, 0, op.raw.input(slot)[0])
 
+    def output(self, op: OpRef) -> Any:
+        return op.raw.output_arg_names[0]
+
+    def attrs(self, op: OpRef) -> dict[str, Any]:
+        return {name: op.raw.attr(name) for name in op.raw.attr_names}
+
     def _weight_transposed(self, op: OpRef) -> bool:
         for attr in ("trans_y", "transpose_Y"):
             if op.raw.has_attr(attr) and op.raw.attr(attr):

@@ -102,8 +102,14 @@ class PirGraph(Graph):
         names = self._input_names(op.raw)
         return self._make_operand(op, slot, names.index(slot)) if slot in names else None
 
+    def output(self, op: OpRef) -> Any:
+        return op.raw.result(0)
+
+    def attrs(self, op: OpRef) -> dict[str, Any]:
+        return dict(op.raw.attrs())
+
     def _weight_transposed(self, op: OpRef) -> bool:
-        return bool(op.raw.attrs().get("transpose_y", False))
+        return bool(self.attrs(op).get("transpose_y", False))
 
     # ---- building blocks ------------------------------------------------------------
     @contextlib.contextmanager

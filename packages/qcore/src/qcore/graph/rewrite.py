@@ -34,6 +34,7 @@ def quantize_op(
     activation_bits: int = 8,
     per_channel: bool = True,
     weight_thresholds: np.ndarray | float | None = None,
+    weight_value: np.ndarray | None = None,
     unsigned: Collection[str] = (),
     float_dequant: bool = False,
     weight_max_code: int | None = None,
@@ -46,7 +47,8 @@ def quantize_op(
     rewritten; positions do not), or is one threshold for every activation input of the op.
     An activation whose threshold is not positive (it was
     all zeros) stays float and is listed in ``left_float``. ``weight_thresholds`` defaults to
-    the weight's abs max, per output channel when ``per_channel``. Activations named in
+    the weight's abs max, per output channel when ``per_channel``; ``weight_value`` replaces the
+    float weight that is quantized (e.g. AdaRound's, whose nearest codes are the learned ones). Activations named in
     ``unsigned`` get the unsigned QDQ of :meth:`Graph.insert_act_qdq`; ``float_dequant`` reads the
     weight through cast -> multiply and ``weight_max_code`` bounds its codes (:meth:`Graph.quantize_weight`).
     """
@@ -56,7 +58,7 @@ def quantize_op(
     if weight is not None:
         axis = graph.weight_channel_axis(op) if per_channel else None
         result.weight = graph.quantize_weight(
-            weight, weight_bits, axis, weight_thresholds, float_dequant, max_code=weight_max_code
+            weight, weight_bits, axis, weight_thresholds, float_dequant, max_code=weight_max_code, value=weight_value
         )
     for index, operand in enumerate(activations):
         if isinstance(act_thresholds, Mapping):

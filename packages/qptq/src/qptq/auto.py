@@ -1,0 +1,95 @@
+"""``algo="auto"``: per activation, the candidate threshold that least disturbs the layers reading it.
+
+The one calibration pass already gives every algorithm's threshold for every activation
+(:func:`qcore.thresholds.thresholds_all_algos`). Each algorithm minimises an error of the
+*histogram*; what matters is the error of the *layer output*. For an activation ``x`` read by a
+weighted op ``y = op(x, W)``, each candidate ``t`` is scored by the relative squared error
+``||op(q_t(x), W) - op(x, W)||^2 / ||op(x, W)||^2`` on the calibration samples kept for it
+(``q_t``: fake quantization at threshold ``t``), summed over the activation's readers. A reader
+without an eager form (pools, adds, concats) counts as the identity: the error of ``x`` itself.
+The lowest total wins; ties go to the first algorithm in :data:`qcore.thresholds.ALGOS` order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import paddle
+
+from qcore.deploy import OpTarget
+from qcore.graph import Graph
+from qcore.graph.replay import LayerReplay, replayable
+from qcore.quant import fake_quantize
+from qcore.thresholds import ALGOS
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    """What ``auto`` chose for one activation and the layer output error of every algorithm."""
+
+    algo: str
+    errors: dict[str, float]
+
+
+def relative_error(y: np.ndarray, reference: np.ndarray) -> float:
+    """``||y - reference||^2 / ||reference||^2`` (the plain squared error when the reference is zero)."""
+    ref = reference.astype(np.float64)
+    diff = float(np.sum((y.astype(np.float64) - ref) ** 2))
+    norm = float(np.sum(ref**2))
+    return diff / norm if norm > 0 else diff
+
+
+def choose_thresholds(
+    graph: Graph,
+    targets: Sequence[OpTarget],
+    candidates: dict[str, dict[str, float]],
+    samples: dict[str, list[np.ndarray]],
+    bits: int,
+) -> dict[str, AutoChoice]:
+    """Add ``"auto"`` to ``candidates[name]`` for every activation with samples; returns the choices."""
+    readers: dict[str, list[OpTarget]] = {}
+    for target in targets:
+        for operand in target.activations:
+            readers.setdefault(operand.name, []).append(target)
+    choices = {}
+    with paddle.no_grad():
+        for name, algos in candidates.items():
+            kept = samples.get(name)
+            if not kept:
+                continue
+            x = np.concatenate(kept)
+            layers = [_Layer(graph, t) if replayable(graph, t.op) else None for t in readers.get(name, [])]
+            references = [layer.run(x) if layer else x for layer in layers] or [x]
+            errors: dict[str, float] = {}
+            by_threshold: dict[float, float] = {}
+            for algo in (a for a in ALGOS if a in algos):
+                t = algos[algo]
+                if t <= 0:
+                    continue
+                if t not in by_threshold:
+                    xq = fake_quantize(x, t, bits)
+                    outputs = [layer.run(xq) if layer else xq for layer in layers] or [xq]
+                    by_threshold[t] = sum(relative_error(y, r) for y, r in zip(outputs, references))
+                errors[algo] = by_threshold[t]
+            if not errors:
+                continue
+            best = min(errors, key=lambda a: errors[a])  # dicts keep ALGOS order: ties go to the first
+            algos[AUTO] = algos[best]
+            choices[name] = AutoChoice(best, errors)
+    return choices
+
+
+class _Layer:
+    """One weighted reader of an activation, replayed eagerly with its float weight."""
+
+    def __init__(self, graph: Graph, target: OpTarget) -> None:
+        assert target.weight is not None
+        self.replay = LayerReplay(graph, target.op)
+        self.weight = paddle.to_tensor(graph.get_param(target.weight.name))
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        return self.replay(paddle.to_tensor(np.ascontiguousarray(x, dtype=np.float32)), self.weight).numpy()

@@ -1,0 +1,123 @@
+"""Layer-wise methods: eager replay of ops, ``algo="auto"``, AdaRound, and the sensitivity ranking."""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+
+from qcore.graph import open_graph
+from qcore.graph.replay import LayerReplay, replayable
+from qcore.inference import predict
+from qcore.model_io import load_model
+from qcore.quant import fake_quantize, qmax
+from qdemo.testing import save_tiny_net
+from qptq import quant_post_static
+from qptq.adaround import AdaRoundSettings, adaround
+from qptq.auto import relative_error
+from qptq.static import LAYERWISE_SAMPLES
+
+SHAPE = (3, 12, 12)
+
+
+class EveryReplayable(paddle.nn.Layer):
+    """Strided/padded/grouped convs, a transposed conv, a plain and (PIR only: Paddle 3.3's legacy
+    export of a bare ``paddle.matmul`` on a parameter fails) a transposed matmul."""
+
+    def __init__(self, transposed_matmul: bool) -> None:
+        super().__init__()
+        self.conv = paddle.nn.Conv2D(3, 8, 3, stride=2, padding=[1, 0], dilation=1)
+        self.dw = paddle.nn.Conv2D(8, 8, 3, padding=2, dilation=2, groups=8)
+        self.grouped = paddle.nn.Conv2D(8, 8, 1, groups=2)
+        self.up = paddle.nn.Conv2DTranspose(8, 4, 3, stride=2, padding=1, output_padding=1)
+        self.fc = paddle.nn.Linear(4 * 12 * 10, 16)
+        self.proj = self.create_parameter([5, 16]) if transposed_matmul else None
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        y = paddle.nn.functional.relu(self.conv(x))
+        y = self.grouped(paddle.nn.functional.relu(self.dw(y)))
+        y = self.fc(paddle.flatten(self.up(y), 1))
+        return y if self.proj is None else paddle.matmul(y, self.proj, transpose_y=True)
+
+
+@pytest.mark.parametrize("fmt", ["pir", "legacy_pdmodel"])
+def test_eager_replay_gives_each_ops_own_output(tmp_path, fmt):
+    paddle.seed(3)
+    net = EveryReplayable(transposed_matmul=fmt == "pir")
+    net.eval()
+    spec = [paddle.static.InputSpec([None, *SHAPE], "float32", "x")]
+    save_tiny_net(net, tmp_path / fmt, fmt, spec)
+    graph = open_graph(load_model(tmp_path / fmt))
+    ops = [op for op in graph.ops() if replayable(graph, op)]
+    assert {op.seed_type for op in ops} >= {"conv2d", "depthwise_conv2d", "conv2d_transpose", "mul"}
+    assert len(ops) == (6 if fmt == "pir" else 5)
+    x = np.random.default_rng(0).standard_normal((4, *SHAPE)).astype("float32")
+    inputs = [graph.activation_operands(op)[0].value for op in ops]
+    fetched = graph.run({"x": x}, inputs + [graph.output(op) for op in ops])
+    for op, xi, yi in zip(ops, fetched[: len(ops)], fetched[len(ops):]):
+        w = paddle.to_tensor(graph.get_param(graph.weight_operand(op).name))
+        y = LayerReplay(graph, op)(paddle.to_tensor(xi), w).numpy()
+        np.testing.assert_allclose(y, yi, rtol=1e-4, atol=1e-5 * float(np.abs(yi).max()), err_msg=repr(op))
+
+
+def test_auto_picks_each_activations_candidate_with_the_least_layer_output_error(demo_model, demo_data, tmp_path):
+    directory, _ = demo_model
+    calib, _, _ = demo_data
+    report = quant_post_static(None, directory, tmp_path / "auto", sample_generator=lambda: iter(calib),
+                               batch_size=25, algo="auto", save_model_filename=None, save_params_filename=None)
+    assert report["algo"] == "auto"
+    fc = next(layer for layer in report["layers"] if layer["op"] == "mul")
+    (name, info), = fc["inputs"].items()
+    # by hand: the fc's input on the first LAYERWISE_SAMPLES calibration samples, each algo's threshold
+    graph = open_graph(load_model(directory))
+    op = next(op for op in graph.ops(["mul"]))
+    x = graph.run({"image": calib[:LAYERWISE_SAMPLES]}, [graph.activation_operands(op)[0].value])[0]
+    w = graph.get_param(graph.weight_operand(op).name).astype(np.float64)
+    x2 = x.reshape(len(x), -1).astype(np.float64)
+    errors = {algo: relative_error(fake_quantize(x2, t, 8) @ w, x2 @ w)
+              for algo, t in info["all_algos"].items() if algo != "auto" and t > 0}
+    reported = info["auto"]["layer_output_error"]
+    assert set(reported) == set(errors)
+    for algo, error in errors.items():
+        assert reported[algo] == pytest.approx(error, rel=1e-3)
+    best = min(errors.values())
+    assert reported[info["auto"]["algo"]] == pytest.approx(best, rel=1e-3)
+    assert info["all_algos"]["auto"] == info["all_algos"][info["auto"]["algo"]]
+    assert info["threshold"] == pytest.approx(info["all_algos"]["auto"], rel=1e-6)
+    every = [i for layer in report["layers"] for i in layer["inputs"].values()]
+    assert all("auto" in i for i in every)
+
+
+def test_adaround_beats_round_to_nearest_on_the_layer_it_learns():
+    rng = np.random.default_rng(0)
+    x = np.maximum(rng.standard_normal((64, 32)), 0).astype("float32")  # relu'd inputs, as after a conv
+    weight = rng.standard_normal((32, 24)).astype("float32")
+    settings = AdaRoundSettings(iters=300)
+    result = adaround(paddle.matmul, x, weight, bits=4, axis=1, settings=settings)
+    assert result.used and result.loss_adaround < 0.85 * result.loss_nearest
+    scale = result.thresholds / qmax(4)
+    codes = result.weight / scale
+    np.testing.assert_allclose(codes, np.round(codes), atol=1e-3)  # exactly representable codes
+    assert np.abs(np.round(codes)).max() <= qmax(4)
+    assert 0 < result.flipped < 0.5
+    nearest = np.round(weight / scale)
+    assert np.abs(np.round(codes) - nearest).max() == 1  # each weight rounds down or up, never further
+    again = adaround(paddle.matmul, x, weight, bits=4, axis=1, settings=settings)
+    assert again.weight.tobytes() == result.weight.tobytes()  # same inputs, same bytes
+
+
+def test_adaround_stores_its_rounding_and_improves_4_bit_top1(demo_data, tmp_path):
+    calib, x, y = demo_data
+    from qdemo import demo_model_dir
+
+    directory = demo_model_dir("legacy")
+    options = {"sample_generator": lambda: iter(calib), "batch_size": 25, "algo": "mse", "weight_bits": 4,
+               "deploy_backend": "native", "save_model_filename": None, "save_params_filename": None}
+    quant_post_static(None, directory, tmp_path / "nearest", **options)
+    report = quant_post_static(None, directory, tmp_path / "ada", round_type="adaround", **options)
+    rounded = [layer["weight"]["adaround"] for layer in report["layers"] if "weight" in layer]
+    assert len(rounded) == 6 and all(r["loss_adaround"] <= r["loss_nearest"] for r in rounded)
+    assert sum(r["used"] for r in rounded) >= 5
+    top1 = {name: float((predict(tmp_path / name, {"image": x}, backend="native")[0].argmax(1) == y).mean())
+            for name in ("nearest", "ada")}
+    assert top1["ada"] > top1["nearest"]
