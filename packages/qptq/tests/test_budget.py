@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import paddle
 import pytest
 
 from qcore.errors import ConfigError, QuantError
 from qcore.inference import predict
 from qcore.model_io import ModelFiles, find_model_files, load_model
+from qdemo.testing import sample_input, save_tiny_net
 from qptq import quant_post_static
 from qptq.budget import Budget, output_error, smallest_within
 
@@ -124,3 +126,48 @@ def test_a_failing_eval_function_stops_with_one_line(demo_model, demo_data, tmp_
         quant_post_static(None, directory, tmp_path / "out", sample_generator=lambda: iter(calib),
                           eval_function=broken, max_metric_drop=0.01, **OPTIONS)
     assert not (tmp_path / "out").exists()
+
+
+class _PlantedNet(paddle.nn.Layer):
+    """conv -> relu -> conv -> relu -> fc, where the second conv's input has one channel 1000x the others
+    (the first conv's channel 0 scaled up, the second conv's weights reading it scaled down: the float
+    function is unchanged). A per-tensor activation threshold then wipes out the other channels, so
+    quantizing the second conv alone hurts the output most: the planted fragile layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        paddle.seed(5)
+        self.first = paddle.nn.Conv2D(1, 8, 3, padding=1)
+        self.fragile = paddle.nn.Conv2D(8, 8, 3, padding=1)
+        self.fc = paddle.nn.Linear(8 * 8 * 8, 10)
+        w, b = self.first.weight.numpy(), self.first.bias.numpy()
+        w[0] *= 1000
+        b[0] = abs(b[0]) * 1000
+        self.first.weight.set_value(w)
+        self.first.bias.set_value(b)
+        w2 = self.fragile.weight.numpy()
+        w2[:, 0] /= 1000
+        self.fragile.weight.set_value(w2)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        y = paddle.nn.functional.relu(self.first(x))
+        y = paddle.nn.functional.relu(self.fragile(y))
+        return self.fc(paddle.flatten(y, 1))
+
+
+@pytest.mark.parametrize("fmt", ["pir", "legacy_pdmodel"])
+def test_sensitivity_ranks_a_planted_fragile_layer_first_and_keeps_it_float(tmp_path, fmt):
+    net = _PlantedNet()
+    net.eval()
+    save_tiny_net(net, tmp_path / "float", fmt)
+    x = sample_input(32)
+    report = quant_post_static(None, tmp_path / "float", tmp_path / "int8", sample_generator=lambda: iter(x),
+                               batch_size=8, algo="abs_max", max_output_error=0.02,
+                               save_model_filename=None, save_params_filename=None)
+    budget = report["budget"]
+    ranked = [entry["weight"] for entry in budget["sensitivity"]]
+    assert ranked[0] == net.fragile.weight.name, ranked
+    assert budget["sensitivity"][0]["output_error"] > 10 * budget["sensitivity"][1]["output_error"]
+    assert budget["met"] and budget["float_layers"] == 1
+    kept = [layer for layer in report["layers"] if "accuracy budget" in layer.get("left_float", "")]
+    assert len(kept) == 1 and "sensitivity rank 1 of 3" in kept[0]["left_float"]

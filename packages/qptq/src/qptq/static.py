@@ -269,7 +269,8 @@ class PostTrainingQuantization:
                          f"(output error {alone[order[rank]]:.3g} with only this layer quantized)"
             for rank in range(search.chosen)
         }  # fmt: skip
-        sensitivity = [{"op": targets[i].op.seed_type, "scope": targets[i].op.scope_name, "output_error": alone[i]}
+        sensitivity = [{"op": targets[i].op.seed_type, "scope": targets[i].op.scope_name,
+                        "weight": targets[i].weight.name if targets[i].weight else None, "output_error": alone[i]}
                        for i in order]
         return kept, budget_report(budget, search, float_score, sensitivity, time.perf_counter() - start)
 
