@@ -97,7 +97,7 @@ def test_inconsistent_budget_options_are_one_line(options, message):
 @pytest.mark.parametrize("needed", [0, 1, 7, 40, 64])
 def test_bisection_finds_the_fewest_float_layers_in_log_evaluations(needed):
     budget = Budget(max_output_error=0.5, max_evaluations=20)
-    search = smallest_within(budget, lambda k: 1.0 if k < needed else 0.1, 0.0, 64)
+    search = smallest_within(budget, lambda k, _search: 1.0 if k < needed else 0.1, 0.0, 64)
     assert search.met and search.chosen == needed
     assert len(search.tried) <= math.ceil(math.log2(64)) + 2
 

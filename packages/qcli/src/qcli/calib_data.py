@@ -77,11 +77,16 @@ def load_image(file: Path, shape: tuple[int, ...], mean: Sequence[float], std: S
 
 
 def _function(spec: str) -> Callable[[], Iterable[Any]]:
+    return load_function(spec, "--data", "module:function returning samples")
+
+
+def load_function(spec: str, option: str, expects: str) -> Callable[..., Any]:
+    """The function ``module:function`` or ``file.py:function`` names; one DataError line naming ``option``."""
     target, _, name = spec.rpartition(":")
     if target.endswith(".py"):
         file = Path(target)
         if not file.is_file():
-            raise DataError(f"calibration function file {file} does not exist")
+            raise DataError(f"{option} {spec}: file {file} does not exist")
         module_spec = importlib.util.spec_from_file_location(file.stem, file)
         assert module_spec is not None and module_spec.loader is not None
         module = importlib.util.module_from_spec(module_spec)
@@ -90,8 +95,8 @@ def _function(spec: str) -> Callable[[], Iterable[Any]]:
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
-            raise DataError(f"cannot import {target!r} for --data {spec}: {exc}") from None
+            raise DataError(f"cannot import {target!r} for {option} {spec}: {exc}") from None
     function = getattr(module, name, None)
     if not callable(function):
-        raise DataError(f"{target} has no function {name!r}; --data expects module:function returning samples")
+        raise DataError(f"{target} has no function {name!r}; {option} expects {expects}")
     return function

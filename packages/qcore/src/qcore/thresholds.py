@@ -159,6 +159,10 @@ _FROM_HISTOGRAM: dict[str, Callable[..., float]] = {
     "emd": _emd,
 }
 ALGOS = (*_FROM_HISTOGRAM, "avg")
+#: Algorithms that score candidates on the layers themselves (``qptq.auto``), not on a histogram.
+LAYERWISE_ALGOS = ("auto",)
+#: Every name PTQ's ``algo`` accepts (lower case; any case is accepted).
+PTQ_ALGO_CHOICES = (*ALGOS, *LAYERWISE_ALGOS, *ALIASES)
 _OPTIONS = {"hist": ("hist_percent",), "avg": ("avg",)}
 
 

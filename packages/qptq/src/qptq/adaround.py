@@ -113,7 +113,8 @@ def adaround(
             return float(loss_of(replay(x_all, w), target_all))
 
     start_v = np.log(p / (1 - p)).astype(np.float32)
-    v = paddle.create_parameter(list(weight.shape), "float32", default_initializer=paddle.nn.initializer.Assign(start_v))
+    v = paddle.create_parameter(list(weight.shape), "float32",
+                                default_initializer=paddle.nn.initializer.Assign(start_v))
     optimizer = paddle.optimizer.Adam(learning_rate=settings.learning_rate, parameters=[v])
     n, losses = x.shape[0], []
     start, end = settings.beta

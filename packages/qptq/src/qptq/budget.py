@@ -33,11 +33,14 @@ class Budget:
     max_output_error: float | None = None
     max_float_layers: int | None = None  # None: any number of layers may go back to float
     max_evaluations: int = 10
+    #: called on the float model and on every candidate scored (e.g. its latency on your backend);
+    #: the values go into the report, next to the scores, and never decide anything
+    measure: Callable[[ModelFiles], float] | None = None
 
     @classmethod
     def from_options(cls, eval_function: EvalFunction | None, max_metric_drop: float | None,
                      max_output_error: float | None, max_float_layers: int | None,
-                     max_evaluations: int) -> Budget | None:
+                     max_evaluations: int, measure: Callable[[ModelFiles], float] | None = None) -> Budget | None:
         """The budget the PTQ keywords ask for, or None; one clear line for every inconsistent mix."""
         if eval_function is None and max_metric_drop is None and max_output_error is None:
             return None
@@ -57,7 +60,9 @@ class Budget:
         for name, value, low in (("max_float_layers", max_float_layers, 0), ("max_evaluations", max_evaluations, 2)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise ConfigError(f"{name}={value!r} is not valid; valid choices: an int >= {low}")
-        return cls(eval_function, max_metric_drop, max_output_error, max_float_layers, max_evaluations)
+        if measure is not None and not callable(measure):
+            raise ConfigError(f"measure_candidate={measure!r} is not callable; pass fn(model_files) -> float")
+        return cls(eval_function, max_metric_drop, max_output_error, max_float_layers, max_evaluations, measure)
 
     @property
     def metric(self) -> str:
@@ -100,14 +105,16 @@ class Search:
     """The candidates tried (float layer count -> score) and the one chosen."""
 
     tried: dict[int, float] = field(default_factory=dict)
+    measured: dict[int, float] = field(default_factory=dict)  # Budget.measure of each candidate tried
     chosen: int = 0
     met: bool = False
 
 
-def smallest_within(budget: Budget, evaluate: Callable[[int], float], float_score: float, layers: int) -> Search:
+def smallest_within(budget: Budget, evaluate: Callable[[int, Search], float], float_score: float,
+                    layers: int) -> Search:
     """Bisect for the fewest float layers (most sensitive first) whose candidate meets ``budget``.
 
-    ``evaluate(k)`` scores the candidate with the ``k`` most sensitive layers float. Assumes the
+    ``evaluate(k, search)`` scores the candidate with the ``k`` most sensitive layers float. Assumes the
     score improves with ``k`` (it usually does; the search keeps the best candidate it saw either
     way). When even the largest allowed ``k`` misses the budget, the best candidate tried is chosen.
     """
@@ -116,7 +123,7 @@ def smallest_within(budget: Budget, evaluate: Callable[[int], float], float_scor
 
     def ok(k: int) -> bool:
         if k not in search.tried:
-            search.tried[k] = evaluate(k)
+            search.tried[k] = evaluate(k, search)
         return budget.within(search.tried[k], float_score)
 
     if ok(0):
@@ -135,12 +142,14 @@ def smallest_within(budget: Budget, evaluate: Callable[[int], float], float_scor
 
 
 def report(budget: Budget, search: Search, float_score: float, sensitivity: list[dict[str, Any]],
-           seconds: float) -> dict[str, Any]:
+           seconds: float, float_measured: float | None = None) -> dict[str, Any]:
     """The ``budget`` section of the PTQ report."""
     limit = budget.max_metric_drop if budget.eval_function is not None else budget.max_output_error
     return {
         "metric": budget.metric, "limit": limit, "float_score": float_score, "met": search.met,
         "float_layers": search.chosen, "evaluations": len(search.tried),
-        "candidates": [{"float_layers": k, "score": s} for k, s in sorted(search.tried.items())],
+        "candidates": [{"float_layers": k, "score": s, **({"measured": search.measured[k]} if k in search.measured
+                                                             else {})} for k, s in sorted(search.tried.items())],
         "sensitivity": sensitivity, "seconds": round(seconds, 3),
+        **({"float_measured": float_measured} if float_measured is not None else {}),
     }

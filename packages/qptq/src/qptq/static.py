@@ -34,12 +34,12 @@ from qcore.graph import Graph, open_graph
 from qcore.graph.replay import LayerReplay, replayable
 from qcore.model_io import ModelFiles, check_model_output, load_model
 from qcore.outputs import write_bytes
-from qcore.thresholds import ALGOS, ALIASES, canonical_algo, thresholds_all_algos
+from qcore.thresholds import LAYERWISE_ALGOS, canonical_algo, thresholds_all_algos
 
 from .adaround import AdaRounded, adaround
 from .auto import AUTO, AutoChoice, choose_thresholds
 from .bias_correction import correct_bias, input_means
-from .budget import Budget, EvalFunction, output_error, score_of, smallest_within
+from .budget import Budget, EvalFunction, Search, output_error, score_of, smallest_within
 from .budget import report as budget_report
 from .calibrate import Calibration, calibrate, run_batches
 from .data import check_batch_arguments, feed_batches
@@ -50,8 +50,6 @@ log = logging.getLogger(__name__)
 BUDGET_BATCHES = 4
 #: Calibration samples kept per activation for the layer-wise methods (``algo="auto"``, AdaRound).
 LAYERWISE_SAMPLES = 32
-#: Every ``algo`` accepted (any case): the histogram algorithms, ``auto`` (:mod:`qptq.auto`), aliases.
-ALGO_CHOICES = (*ALGOS, AUTO, *ALIASES)
 DEFAULT_OP_TYPES = ("conv2d", "depthwise_conv2d", "mul")
 
 
@@ -101,6 +99,7 @@ class PostTrainingQuantization:
         max_output_error: float | None = None,
         max_float_layers: int | None = None,
         max_evaluations: int = 10,
+        measure_candidate: Callable[[ModelFiles], float] | None = None,
     ) -> None:
         if model_dir is None:
             raise ConfigError("model_dir is required: the directory (or path prefix) of the float model")
@@ -113,7 +112,7 @@ class PostTrainingQuantization:
         check_paddleslim_keywords(onnx_format, round_type)
         self.round_type = round_type
         self.budget = Budget.from_options(eval_function, max_metric_drop, max_output_error, max_float_layers,
-                                          max_evaluations)
+                                          max_evaluations, measure_candidate)
         self.target = get_target(deploy_backend)
         self.deploy_backend = None if deploy_backend is None else self.target.name
         if isinstance(self.target, OneDnnTarget) and not onednn_fallback:
@@ -121,7 +120,7 @@ class PostTrainingQuantization:
         self.skip_tensors = set(skip_tensor_list or ())
         self.weight_bits = validate_bits("weight_bits", weight_bits, 2, 16)
         self.activation_bits = validate_bits("activation_bits", activation_bits, 2, 16)
-        self.algo = canonical_algo(algo, extra=(AUTO,))
+        self.algo = canonical_algo(algo, extra=LAYERWISE_ALGOS)
         self.hist_percent = hist_percent
         self.per_channel = weight_quantize_type == "channel_wise_abs_max"
         self.op_types = (
@@ -246,17 +245,23 @@ class PostTrainingQuantization:
         alone = {i: output_error(run_batches(candidate(set(layers) - {i}), batches), reference) for i in layers}
         order = sorted(layers, key=lambda i: (-alone[i], i))
 
-        def evaluate(k: int) -> float:
+        def evaluate(k: int, search: Search) -> float:
             trial = candidate(order[:k])
-            if budget.eval_function is None:
+            if budget.eval_function is None and budget.measure is None:
                 return output_error(run_batches(trial, batches), reference)
             with tempfile.TemporaryDirectory(prefix="qptq-budget-") as tmp:
-                return score_of(budget, trial.save(Path(tmp) / "candidate"), k)
+                files = trial.save(Path(tmp) / "candidate")
+                if budget.measure is not None:
+                    search.measured[k] = float(budget.measure(files))
+                if budget.eval_function is None:
+                    return output_error(run_batches(trial, batches), reference)
+                return score_of(budget, files, k)
 
+        assert self.model.source is not None
         float_score = 0.0
         if budget.eval_function is not None:
-            assert self.model.source is not None
             float_score = score_of(budget, self.model.source, None)
+        float_measured = None if budget.measure is None else float(budget.measure(self.model.source))
         search = smallest_within(budget, evaluate, float_score, len(order))
         if not search.met:
             best = search.tried[search.chosen]
@@ -272,7 +277,8 @@ class PostTrainingQuantization:
         sensitivity = [{"op": targets[i].op.seed_type, "scope": targets[i].op.scope_name,
                         "weight": targets[i].weight.name if targets[i].weight else None, "output_error": alone[i]}
                        for i in order]
-        return kept, budget_report(budget, search, float_score, sensitivity, time.perf_counter() - start)
+        return kept, budget_report(budget, search, float_score, sensitivity, time.perf_counter() - start,
+                                   float_measured)
 
     def _rewrite(
         self,
@@ -412,12 +418,14 @@ def quant_post_static(
     max_output_error: float | None = None,
     max_float_layers: int | None = None,
     max_evaluations: int = 10,
+    measure_candidate: Callable[[ModelFiles], float] | None = None,
 ) -> dict[str, Any]:
     """Quantize the model in ``model_dir`` with calibration data and save it.
 
     Returns the per-layer report (thresholds chosen, and what every algo would choose).
     ``eval_function`` + ``max_metric_drop``, or ``max_output_error``: keep the layers that hurt most
-    float until the model is within that budget (:mod:`qptq.budget`; report section ``budget``).
+    float until the model is within that budget (:mod:`qptq.budget`; report section ``budget``);
+    ``measure_candidate(files)`` is recorded for the float model and each candidate (e.g. latency).
     """
     ptq = PostTrainingQuantization(
         executor=executor, sample_generator=sample_generator, model_dir=model_dir,
@@ -432,6 +440,7 @@ def quant_post_static(
         deploy_backend=deploy_backend, onnx_format=onnx_format, round_type=round_type,
         skip_tensor_list=skip_tensor_list, eval_function=eval_function, max_metric_drop=max_metric_drop,
         max_output_error=max_output_error, max_float_layers=max_float_layers, max_evaluations=max_evaluations,
+        measure_candidate=measure_candidate,
     )
     family = ptq.model.family
     check_model_output(quantize_model_path, family, *output_names(family, save_model_filename, save_params_filename),
