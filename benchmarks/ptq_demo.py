@@ -12,33 +12,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import paddle
 
-from qcore.inference import create_predictor, run_predictor
-from qcore.model_io import ModelFiles, find_model_files, load_model
-from qdemo import demo_model_dir, load_demo_data
+from qcore.inference import evaluate
+from qcore.model_io import ModelFiles, find_model_files
+from qdemo import INPUT_NAME, demo_model_dir, load_demo_data
 from qptq import quant_post_dynamic, quant_post_static
 
 ALGOS = ("KL", "abs_max", "hist", "mse", "avg", "emd")
 RESULTS = Path(__file__).parent / "results"
-
-
-def top1(files: ModelFiles, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """(executor top-1, paddle.inference top-1 with oneDNN + int8) in percent."""
-    model = load_model(files)
-    simulated = model.run({"image": x})[0]
-    deployed = run_predictor(create_predictor(files), {"image": x})[0]
-    return float((simulated.argmax(1) == y).mean() * 100), float((deployed.argmax(1) == y).mean() * 100)
-
-
-def latency_ms(files: ModelFiles, batch: np.ndarray, repeats: int) -> float:
-    predictor = create_predictor(files)
-    run_predictor(predictor, {"image": batch})
-    start = time.perf_counter()
-    for _ in range(repeats):
-        run_predictor(predictor, {"image": batch})
-    return (time.perf_counter() - start) / repeats * 1000
 
 
 def main() -> None:
@@ -53,7 +35,8 @@ def main() -> None:
         "# PTQ on the bundled demo CNN",
         "",
         f"Paddle {paddle.__version__}, {platform.processor() or platform.machine()}, 2 threads, oneDNN + int8 switch; "
-        f"{len(x)} test images, {args.calib} calibration images. Re-run: `nox -s bench`.",
+        f"{len(x)} test images, {args.calib} calibration images; latency: median of {args.repeats} runs, the runs of "
+        "a family's models interleaved. Re-run: `nox -s bench`.",
         "",
         "| family | model | top-1 executor (%) | top-1 paddle.inference (%) | params vs float | calibration (s) "
         "| latency b=8 (ms) | latency vs float |",
@@ -61,11 +44,7 @@ def main() -> None:
     ]
     for family in ("legacy", "pir"):
         source = find_model_files(demo_model_dir(family))
-        base_size = source.params_file.stat().st_size
-        base_latency = latency_ms(source, x[:8], args.repeats)
-        sim, dep = top1(source, x, y)
-        lines.append(f"| {family} | float | {sim:.2f} | {dep:.2f} | 1.00 | - | {base_latency:.2f} | 1.00 |")
-        runs = []
+        runs: list[tuple[str, ModelFiles, float | None]] = [("float", source, None)]
         for algo in ALGOS:
             out = work / f"{family}-{algo}"
             start = time.perf_counter()
@@ -81,13 +60,13 @@ def main() -> None:
                 source.directory, out, quantizable_op_type=["conv2d", "depthwise_conv2d", "mul"], weight_bits=bits
             )
             runs.append((f"dynamic int{bits}", files, time.perf_counter() - start))
+        scores = evaluate({name: files for name, files, _ in runs}, INPUT_NAME, x, y, repeats=args.repeats)
         for name, files, seconds in runs:
-            sim, dep = top1(files, x, y)
-            ms = latency_ms(files, x[:8], args.repeats)
-            ratio = files.params_file.stat().st_size / base_size
+            s, ms = scores[name], scores[name]["latency_ms"]
             lines.append(
-                f"| {family} | {name} | {sim:.2f} | {dep:.2f} | {ratio:.2f} | {seconds:.2f} | {ms:.2f} "
-                f"| {ms / base_latency:.2f} |"
+                f"| {family} | {name} | {s['executor_top1']:.2f} | {s['deployed_top1']:.2f} "
+                f"| {files.params_bytes / source.params_bytes:.2f} | {'-' if seconds is None else f'{seconds:.2f}'} "
+                f"| {ms:.2f} | {ms / scores['float']['latency_ms']:.2f} |"
             )
     lines += [
         "",

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from qcore.deploy.verify import interleaved_latency, relative_error
-from qcore.inference import create_predictor, run_predictor
+from qcore.deploy.verify import relative_error
+from qcore.inference import create_predictor, deployed_outputs, interleaved_latency, run_predictor
 from qcore.model_io import ModelFiles, find_model_files
 from qptq import quant_post_static
 
@@ -61,11 +61,11 @@ def interleaved_ms(models: dict[str, ModelFiles], batch: int, repeats: int, back
 def output_errors(models: dict[str, ModelFiles], reference: ModelFiles, backend: str) -> dict[str, str]:
     """Each deployed model's largest output difference from the float model, relative to its range."""
     x = np.random.default_rng(2).standard_normal((8, 3, 224, 224)).astype("float32")
-    expected = run_predictor(create_predictor(reference, backend="onednn"), {"image": x})[0]
+    expected = deployed_outputs(reference, "image", x, "onednn")
     errors = {}
     for label, files in models.items():
         try:
-            got = run_predictor(create_predictor(files, backend=backend), {"image": x})[0]
+            got = deployed_outputs(files, "image", x, backend)
             errors[label] = f"{relative_error(got, expected) * 100:.1f} %"
         except Exception:  # already reported in the latency cells
             errors[label] = "-"

@@ -30,9 +30,8 @@ import numpy as np
 import paddle
 from PIL import Image, ImageDraw, ImageFont
 
-from qcore.deploy.verify import interleaved_latency
 from qcore.graph import open_graph
-from qcore.inference import create_predictor, run_predictor
+from qcore.inference import create_predictor, deployed_outputs, interleaved_latency, run_predictor
 from qcore.model_io import ModelFiles, find_model_files, load_model
 from qptq import quant_post_static
 from qptq.calibrate import run_batches
@@ -109,8 +108,7 @@ def run_worker(model_file: str, backend: str, tmp: str, batch: int = 20) -> None
         graph = open_graph(load_model(files))
         y = np.concatenate(run_batches(graph, ({"x": x[i : i + batch]} for i in range(0, len(x), batch))))
     else:
-        predictor = create_predictor(files, backend=backend)
-        y = np.concatenate([run_predictor(predictor, {"x": x[i : i + batch]})[0] for i in range(0, len(x), batch)])
+        y = deployed_outputs(files, "x", x, backend, batch=batch)
     np.save(Path(tmp) / "y.npy", y)
 
 

@@ -22,9 +22,9 @@ import numpy as np
 import paddle
 from peak_rss import peak_rss_mb
 
-from qcore.inference import create_predictor, run_predictor
-from qcore.model_io import ModelFiles, find_model_files, load_model
-from qdemo import demo_model_dir, load_demo_data
+from qcore.inference import agreement, deployed_outputs, executor_outputs, top1
+from qcore.model_io import ModelFiles, find_model_files
+from qdemo import INPUT_NAME, demo_model_dir, load_demo_data
 
 RESULTS = Path(__file__).parent / "results"
 ALGOS = ("KL", "abs_max", "hist", "mse", "avg", "emd")
@@ -51,12 +51,11 @@ def run(cmd: list[str]) -> dict[str, float]:
 
 
 def scores(files: ModelFiles, x: np.ndarray, y: np.ndarray, reference: np.ndarray) -> dict[str, float]:
-    simulated = load_model(files).run({"image": x})[0]
-    deployed = run_predictor(create_predictor(files), {"image": x})[0]
+    deployed = deployed_outputs(files, INPUT_NAME, x)
     return {
-        "sim": float((simulated.argmax(1) == y).mean() * 100),
-        "dep": float((deployed.argmax(1) == y).mean() * 100),
-        "agree": float((deployed.argmax(1) == reference.argmax(1)).mean() * 100),
+        "sim": top1(executor_outputs(files, INPUT_NAME, x), y),
+        "dep": top1(deployed, y),
+        "agree": agreement(deployed, reference),
         "bytes": files.params_bytes,
     }
 
@@ -76,7 +75,7 @@ def main() -> None:
     np.save(work / "calib_all.npy", calib)
     x, y = load_demo_data("test")
     source = find_model_files(demo_model_dir("legacy"))
-    reference = run_predictor(create_predictor(source), {"image": x})[0]
+    reference = deployed_outputs(source, INPUT_NAME, x)
     float_scores = scores(source, x, y, reference)
     ours_cmd = [sys.executable, str(HERE), "--worker", str(work / "calib.npy"), str(source.directory)]
     rows = []

@@ -15,20 +15,15 @@ import tempfile
 from pathlib import Path
 
 import paddle
-from ptq_demo import latency_ms, top1
 
-from qcore.model_io import find_model_files
-from qdemo import demo_model_dir, load_demo_data
+from qcore.inference import evaluate, executor_outputs, top1
+from qcore.model_io import ModelFiles, find_model_files
+from qdemo import INPUT_NAME, demo_model_dir, load_demo_data
 from qdemo.qat import DEMO_INPUT_SPEC, finetune_demo, predict_dygraph
 from qptq import quant_post_static
 
 RESULTS = Path(__file__).parent / "results"
 METHODS = {"QAT": {}, "QAT + PACT": {"activation_preprocess_type": "PACT"}}
-
-
-def _speed(files, source, x, args) -> float:  # noqa: ANN001
-    """Latency of ``files`` over the float model's, measured back to back (noisy machines)."""
-    return latency_ms(files, x[:8], args.repeats) / latency_ms(source, x[:8], args.repeats)
 
 
 def main() -> None:
@@ -40,45 +35,45 @@ def main() -> None:
     calib, _ = load_demo_data("calib")
     work = Path(tempfile.mkdtemp(prefix="qat-bench-"))
     source = find_model_files(demo_model_dir("legacy"))
-    base_size = source.params_file.stat().st_size
     lines = [
         "# QAT on the bundled demo CNN",
         "",
         f"Paddle {paddle.__version__}, {platform.processor() or platform.machine()}, 2 threads; {len(x)} test images. "
         "QAT: Adam lr 1e-4, batch 64 on the 6000-image train split (94 steps = 1 epoch), from the float weights. "
         "Deployed = the saved legacy `.pdmodel` in `paddle.inference` with oneDNN + int8; PIR = the saved `.json` "
-        "in the executor. Re-run: `python benchmarks/qat_demo.py`.",
+        f"in the executor; latency: median of {args.repeats} runs, every model's runs interleaved. "
+        "Re-run: `python benchmarks/qat_demo.py`.",
         "",
         "| model | steps | train (s) | top-1 QAT model (%) | top-1 PIR executor (%) | top-1 deployed int8 (%) "
         "| params vs float | latency b=8 vs float |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    sim, dep = top1(source, x, y)
-    lines.append(f"| float | - | - | {sim:.2f} | {sim:.2f} | {dep:.2f} (float) | 1.00 | 1.00 |")
+    models: dict[str, ModelFiles] = {"float": source}  # the legacy models, scored in one interleaved run
+    cells = {"float": ["float", "-", "-"]}  # model, steps, train (s), top-1 QAT model, top-1 PIR executor
     for algo in ("KL", "abs_max"):
         out = work / f"ptq-{algo}"
         quant_post_static(
             None, source.directory, out, sample_generator=lambda: ((i,) for i in calib[:200]), batch_size=20,
             algo=algo, optimize_model=True, save_model_filename=None, save_params_filename=None,
         )
-        files = find_model_files(out)
-        sim, dep = top1(files, x, y)
-        ratio = files.params_file.stat().st_size / base_size
-        lines.append(f"| PTQ {algo} | - | - | - | - | {dep:.2f} | {ratio:.2f} | {_speed(files, source, x, args):.2f} |")
+        models[f"PTQ {algo}"], cells[f"PTQ {algo}"] = find_model_files(out), [f"PTQ {algo}", "-", "-", "-", "-"]
     for name, config in METHODS.items():
         for steps in args.steps:
             qat, net, seconds = finetune_demo(config, steps)
-            simulated = float((predict_dygraph(net, x).argmax(1) == y).mean() * 100)
-            legacy = qat.save_quantized_model(net, work / f"{name}-{steps}-legacy" / "m", DEMO_INPUT_SPEC,
-                                              family="legacy")
+            label = f"{name} {steps}"
+            models[label] = qat.save_quantized_model(net, work / f"{name}-{steps}-legacy" / "m", DEMO_INPUT_SPEC,
+                                                     family="legacy")
             pir = qat.save_quantized_model(net, work / f"{name}-{steps}-pir" / "m", DEMO_INPUT_SPEC)
-            _, deployed = top1(legacy, x, y)
-            pir_executor, _ = top1(pir, x, y)
-            ratio = legacy.params_file.stat().st_size / base_size
-            speed = _speed(legacy, source, x, args)
-            lines.append(f"| {name} | {steps} | {seconds:.0f} | {simulated:.2f} | {pir_executor:.2f} | {deployed:.2f} "
-                         f"| {ratio:.2f} | {speed:.2f} |")
-            print(lines[-1], flush=True)
+            cells[label] = [name, str(steps), f"{seconds:.0f}", f"{top1(predict_dygraph(net, x), y):.2f}",
+                            f"{top1(executor_outputs(pir, INPUT_NAME, x), y):.2f}"]
+            print(" | ".join(cells[label]), flush=True)
+    scores = evaluate(models, INPUT_NAME, x, y, repeats=args.repeats)
+    cells["float"] += [f"{scores['float']['executor_top1']:.2f}"] * 2
+    for label, files in models.items():
+        deployed = f"{scores[label]['deployed_top1']:.2f}" + (" (float)" if label == "float" else "")
+        speed = scores[label]["latency_ms"] / scores["float"]["latency_ms"]
+        lines.append("| " + " | ".join([*cells[label], deployed, f"{files.params_bytes / source.params_bytes:.2f}",
+                                        f"{speed:.2f}"]) + " |")
     lines += [
         "",
         "The demo CNN is tiny (53k parameters): latency is dominated by per-op overhead, so the int8 model is",

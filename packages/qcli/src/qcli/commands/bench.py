@@ -11,8 +11,10 @@ import numpy as np
 from qcore.deploy import BACKEND_NAMES
 from qcore.deploy.verify import markdown_table, verify
 from qcore.errors import ConfigError, DataError
-from qcore.model_io import ModelFiles, find_model_files, load_model
+from qcore.model_io import ModelFiles, find_model_files
 from qcore.outputs import write_bytes
+
+from ..feeds import feed_specs
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _feed(files: ModelFiles, data: Path | None, batch: int) -> dict[str, np.ndarray]:
-    specs = load_model(files).feed_specs()
+    specs = feed_specs(files)
     if data is not None:
         x = np.load(data)
         if len(specs) != 1 or len(x) < batch:

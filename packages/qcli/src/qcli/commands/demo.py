@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
-from qcore.inference import create_predictor, run_predictor
+from qcore.inference import evaluate
 from qcore.model_io import ModelFiles, find_model_files
 
-from ..evaluation import deployed_outputs, executor_outputs, top1
 from ..plugins import require
 
 
@@ -25,20 +24,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _evaluate(files: ModelFiles, x: np.ndarray, y: np.ndarray, backend: str = "onednn") -> dict[str, float]:
-    predictor = create_predictor(files, backend=backend)  # 2 threads
-    batch = x[:8]
-    run_predictor(predictor, {"image": batch})
-    start = time.perf_counter()
-    for _ in range(20):
-        run_predictor(predictor, {"image": batch})
-    latency = (time.perf_counter() - start) / 20 * 1000
-    return {
-        "executor": top1(executor_outputs(files, "image", x), y),
-        "inference": top1(deployed_outputs(files, "image", x, backend), y),
-        "latency": latency,
-        "params": files.params_bytes / 1024,
-    }
+def print_comparison(
+    models: Mapping[str, ModelFiles], x: np.ndarray, y: np.ndarray, backend: str | None = None
+) -> None:
+    """The before/after table of the demo models (label -> files) on the test split, deployed on ``backend``."""
+    from qdemo import INPUT_NAME
+
+    scores = evaluate(models, INPUT_NAME, x, y, backend=backend)  # 2 threads, latency runs interleaved
+    print("| model | top-1 executor (%) | top-1 paddle.inference (%) | latency b=8 (ms) | params file (KiB) |")
+    print("|---|---:|---:|---:|---:|")
+    for name, r in scores.items():
+        print(f"| {name} | {r['executor_top1']:.2f} | {r['deployed_top1']:.2f} | {r['latency_ms']:.2f} "
+              f"| {models[name].params_bytes / 1024:.0f} |")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,11 +51,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=20, algo=args.algo, optimize_model=True, save_model_filename=None, save_params_filename=None,
         progress=True,
     )
-    rows = {"float": _evaluate(source, x, y), f"int8 ({report['algo']})": _evaluate(find_model_files(out), x, y)}
     print(f"\nFashion-MNIST demo CNN, {args.family} family, {len(x)} test images, "
           f"{report['samples']} calibration images, quantized model in {out}\n")
-    print("| model | top-1 executor (%) | top-1 paddle.inference (%) | latency b=8 (ms) | params file (KiB) |")
-    print("|---|---:|---:|---:|---:|")
-    for name, r in rows.items():
-        print(f"| {name} | {r['executor']:.2f} | {r['inference']:.2f} | {r['latency']:.2f} | {r['params']:.0f} |")
+    print_comparison({"float": source, f"int8 ({report['algo']})": find_model_files(out)}, x, y)
     return 0

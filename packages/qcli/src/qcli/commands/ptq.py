@@ -14,11 +14,12 @@ import numpy as np
 from qcore.deploy import BACKEND_NAMES
 from qcore.deploy.verify import markdown_table, verify
 from qcore.errors import ConfigError, DataError, OutputError
-from qcore.model_io import ModelFiles, find_model_files, load_model
+from qcore.inference import agreement, deployed_outputs, executor_outputs, top1
+from qcore.model_io import ModelFiles, find_model_files
 from qcore.outputs import write_bytes
 
 from ..calib_data import sample_source
-from ..evaluation import agreement, deployed_outputs, executor_outputs, top1
+from ..feeds import feed_specs, first_feed
 from ..plugins import require
 
 
@@ -144,7 +145,7 @@ def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, repor
     }
     if args.eval_data is not None:
         report["accuracy"] = _accuracy(source, out, args.eval_data, args.eval_labels, args.backend)
-    feed = {load_model(source).feed_names[0]: np.load(args.eval_data)[:8]} if args.eval_data else _random_feed(source)
+    feed = {first_feed(source): np.load(args.eval_data)[:8]} if args.eval_data else _random_feed(source)
     if feed is not None:
         report["verified"] = verify(source, out, feed, [args.backend] if args.backend else CPU_BACKENDS)
     path = _report_path(args)
@@ -166,14 +167,14 @@ def _budget_options(args: argparse.Namespace, source: ModelFiles) -> dict[str, A
     if args.eval_data is None or args.eval_labels is None:
         raise ConfigError("--max-metric-drop scores top-1: give --eval-data and --eval-labels too")
     x, y = np.load(args.eval_data), np.load(args.eval_labels)
-    feed = load_model(source).feed_names[0]
+    feed = first_feed(source)
     return {"max_metric_drop": args.max_metric_drop,
             "eval_function": lambda files: top1(deployed_outputs(files, feed, x, args.backend), y) / 100}
 
 
 def _random_feed(files: ModelFiles) -> dict[str, np.ndarray] | None:
     """Eight standard-normal samples for a one-input model of fixed sample shape, else None."""
-    specs = load_model(files).feed_specs()
+    specs = feed_specs(files)
     if len(specs) != 1:
         return None
     name, (shape, dtype) = next(iter(specs.items()))
@@ -185,7 +186,7 @@ def _random_feed(files: ModelFiles) -> dict[str, np.ndarray] | None:
 def _accuracy(source: ModelFiles, out: ModelFiles, data: Path, labels: Path | None,
               backend: str | None) -> dict[str, float]:
     x = np.load(data)
-    feed = load_model(source).feed_names[0]
+    feed = first_feed(source)
     float_out, int8_out = deployed_outputs(source, feed, x, backend), deployed_outputs(out, feed, x, backend)
     result = {
         "agreement_deployed": agreement(float_out, int8_out),
@@ -202,7 +203,7 @@ def _accuracy(source: ModelFiles, out: ModelFiles, data: Path, labels: Path | No
 def _sample_shape(source: ModelFiles, override: str | None) -> tuple[int, ...]:
     if override:
         return tuple(int(v) for v in override.split(","))
-    shape, _ = next(iter(load_model(source).feed_specs().values()))
+    shape, _ = next(iter(feed_specs(source).values()))
     return shape[1:]
 
 

@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from qcore.deploy import BACKEND_NAMES
+from qcore.inference import top1
 from qcore.model_io import find_model_files
 
 from ..plugins import require
-from .demo import _evaluate
+from .demo import print_comparison
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -44,20 +45,13 @@ def run(args: argparse.Namespace) -> int:
         config["activation_preprocess_type"] = "PACT"
     x, y = load_demo_data("test")
     qat, net, seconds = finetune_demo(config, args.steps, lr=args.lr)
-    simulated = float((predict_dygraph(net, x).argmax(1) == y).mean() * 100)
+    simulated = top1(predict_dygraph(net, x), y)
     out = args.out or Path(tempfile.mkdtemp(prefix="qcli-qat-")) / "int8"
     files = qat.save_quantized_model(net, out / "inference", DEMO_INPUT_SPEC, family=args.family,
                                      deploy_backend=args.backend)
-    backend = args.backend or "onednn"
-    rows = {
-        "float": _evaluate(find_model_files(demo_model_dir(args.family)), x, y, backend),
-        "int8 (QAT" + (" + PACT)" if args.pact else ")"): _evaluate(files, x, y, backend),
-    }
     print(f"\nFashion-MNIST demo CNN, {args.steps} QAT steps in {seconds:.0f} s, QAT model top-1 {simulated:.2f} %, "
-          f"{args.family} family, {len(x)} test images, paddle.inference on {backend}, "
+          f"{args.family} family, {len(x)} test images, paddle.inference on {args.backend or 'onednn'}, "
           f"int8 model in {files.directory}\n")
-    print("| model | top-1 executor (%) | top-1 paddle.inference (%) | latency b=8 (ms) | params file (KiB) |")
-    print("|---|---:|---:|---:|---:|")
-    for name, r in rows.items():
-        print(f"| {name} | {r['executor']:.2f} | {r['inference']:.2f} | {r['latency']:.2f} | {r['params']:.0f} |")
+    int8 = "int8 (QAT + PACT)" if args.pact else "int8 (QAT)"
+    print_comparison({"float": find_model_files(demo_model_dir(args.family)), int8: files}, x, y, args.backend)
     return 0 if np.isfinite(simulated) else 1

@@ -1,19 +1,18 @@
 """Verifying a quantized model on the runtimes it may ship to: deployed vs simulated, agreement, latency.
 
 One function serves the quantizers' reports, ``qcli bench`` and the benchmarks: every model's
-runs are interleaved with the others' (so load drifts hit all alike) and the latency is the
-median. Backends this machine cannot run are reported as such, never silently replaced.
+runs are interleaved with the others' (:func:`qcore.inference.interleaved_latency`) and the
+latency is the median. Backends this machine cannot run are reported as such, never silently replaced.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..inference import create_predictor, run_predictor
+from ..inference import agreement, create_predictor, interleaved_latency, run_predictor, top1
 from ..model_io import ModelFiles, load_model
 from . import get_target
 
@@ -21,26 +20,6 @@ from . import get_target
 def relative_error(got: np.ndarray, expected: np.ndarray) -> float:
     """Largest ``|got - expected|`` over the range of ``expected``."""
     return float(np.abs(got - expected).max() / max(float(np.abs(expected).max()), 1e-12))
-
-
-def agreement(a: np.ndarray, b: np.ndarray) -> float:
-    """Percent of rows on which two outputs pick the same arg-max (over the last axis)."""
-    return float((a.argmax(-1) == b.argmax(-1)).mean() * 100)
-
-
-def interleaved_latency(predictors: Mapping[str, Any], feed: Mapping[str, np.ndarray], repeats: int = 10,
-                        warmup: int = 2) -> dict[str, float]:
-    """Median milliseconds per run of each predictor, their runs interleaved."""
-    for predictor in predictors.values():
-        for _ in range(warmup):
-            run_predictor(predictor, feed)
-    times: dict[str, list[float]] = {label: [] for label in predictors}
-    for _ in range(repeats):
-        for label, predictor in predictors.items():
-            start = time.perf_counter()
-            run_predictor(predictor, feed)
-            times[label].append(time.perf_counter() - start)
-    return {label: float(np.median(t)) * 1000 for label, t in times.items()}
 
 
 def verify(
@@ -77,8 +56,8 @@ def verify(
             "speedup": round(ms["float"] / ms["int8"], 3),
         }
         if labels is not None:
-            row["top1_float"] = round(float((float_out.argmax(-1) == labels.reshape(-1)).mean() * 100), 2)
-            row["top1_int8"] = round(float((int8_out.argmax(-1) == labels.reshape(-1)).mean() * 100), 2)
+            row["top1_float"] = round(top1(float_out, labels), 2)
+            row["top1_int8"] = round(top1(int8_out, labels), 2)
         result[target.name] = row
     return result
 
