@@ -55,9 +55,10 @@ class StaticProgram:
 
 
 def build_static_program(family: str, op_type: str = "lookup_table_v2", table: np.ndarray | None = None,
-                         with_fc: bool = False) -> StaticProgram:
+                         with_fc: bool = False, table2: np.ndarray | None = None) -> StaticProgram:
     """One lookup of the parameter ``emb`` (``table``, default 100 x 8 uniform), times 2; ``with_fc``
-    adds a matmul with the parameter ``fc_w`` (a parameter that is not a table)."""
+    multiplies by the parameter ``fc_w`` (a parameter that is not a table), ``table2`` a second
+    lookup (of ``emb2``, added to the first)."""
     if table is None:
         table = np.random.default_rng(0).uniform(-0.5, 0.5, (100, 8)).astype("float32")
     dtype, shape = str(table.dtype), list(table.shape)
@@ -77,11 +78,16 @@ def build_static_program(family: str, op_type: str = "lookup_table_v2", table: n
             else:  # lookup_table_v2 (legacy) or pd_op.embedding (PIR)
                 looked_up = paddle.nn.functional.embedding(word, emb)
             out = looked_up * 2.0
+            if table2 is not None:
+                emb2 = paddle.static.create_parameter(list(table2.shape), dtype, name="emb2")
+                out = out + paddle.nn.functional.embedding(word, emb2)
             if with_fc:
-                out = paddle.matmul(out, paddle.static.create_parameter([shape[-1], 4], dtype, name="fc_w"))
+                out = out * paddle.static.create_parameter([shape[-1]], dtype, name="fc_w")
             exe = paddle.static.Executor(paddle.CPUPlace())
             exe.run(startup)
             scope.var("emb").get_tensor().set(table, paddle.CPUPlace())
+            if table2 is not None:
+                scope.var("emb2").get_tensor().set(table2, paddle.CPUPlace())
     return StaticProgram(main, scope, word, out, exe, guard)
 
 

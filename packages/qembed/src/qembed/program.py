@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from qcore.errors import GraphError, did_you_mean
+from qcore.errors import DataError, GraphError, did_you_mean
 from qcore.graph import Graph, OpRef, open_graph
 from qcore.model_io import Model, ModelFiles, check_model_output, load_model
 from qcore.quant import LN2, qmax
@@ -123,7 +123,8 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> li
         if weight is not None:  # None: the table is not a float parameter (already quantized)
             tables.setdefault(weight.name, []).append(op)
     _check_found(tables, cfg)
-    reports = []
+    # Every table is checked and quantized before the first rewrite, so bad input changes nothing.
+    planned = []
     for name, ops in tables.items():
         if cfg.params_names is not None and name not in cfg.params_names:
             continue
@@ -134,10 +135,16 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> li
                 f"table {name!r} is read by {ops[0].seed_type}, whose CPU kernel rejects int8 tables, so it is "
                 "dequantized as a whole by Paddle's linear dequantize; use quantize_type 'abs_max' for it"
             )
-        table = graph.get_param(name)
-        choice = choose_table_quantization(
-            table, table_cfg.quantize_type, table_cfg.quantize_bits, table_cfg.per_row, table_cfg.threshold
-        )
+        table = _float32_table(graph, name)
+        try:
+            choice = choose_table_quantization(
+                table, table_cfg.quantize_type, table_cfg.quantize_bits, table_cfg.per_row, table_cfg.threshold
+            )
+        except DataError as exc:
+            raise DataError(f"table {name!r}: {exc}") from None
+        planned.append((name, ops, table.shape, choice, whole_table))
+    reports = []
+    for name, ops, shape, choice, whole_table in planned:
         q = choice.table
         log_step = (q.log_step or LN2) if q.quantize_type == "log" else None
         for op in ops:
@@ -149,8 +156,24 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> li
                 graph.quantize_lookup(op, q.codes, q.scales, log_step=log_step)
         graph.drop_param_if_unused(name)
         op_types = tuple(sorted({o.seed_type or "" for o in ops}))
-        reports.append(TableReport(name, op_types, table.shape, choice, whole_table))
+        reports.append(TableReport(name, op_types, shape, choice, whole_table))
     return reports
+
+
+def _float32_table(graph: Graph, name: str) -> np.ndarray:
+    """The float32 2-D table ``name``; DataError naming it and the fix otherwise."""
+    table = graph.get_param(name)
+    if table.dtype != np.float32:
+        raise DataError(
+            f"table {name!r} is {table.dtype}; quant_embedding quantizes float32 tables and its lookups return "
+            "float32, so cast the model to float32 first or leave this table out with params_name"
+        )
+    if table.ndim != 2 or table.size == 0:
+        raise DataError(
+            f"table {name!r} has shape {table.shape}; an embedding table is a non-empty 2-D array (rows, dim): "
+            "check that the model's parameters were loaded into the scope"
+        )
+    return table
 
 
 def _check_found(tables: Mapping[str, list[OpRef]], cfg: EmbeddingConfig) -> None:
@@ -162,6 +185,6 @@ def _check_found(tables: Mapping[str, list[OpRef]], cfg: EmbeddingConfig) -> Non
     for name in cfg.params_names or ():
         if name not in tables:
             raise GraphError(
-                f"table {name!r} (params_name) is not read by any {' / '.join(cfg.op_types)} op"
-                f"{did_you_mean(name, tables)}; tables found: {', '.join(sorted(tables))}"
+                f"{name!r} (params_name) is not the table of any {' / '.join(cfg.op_types)} op"
+                f"{did_you_mean(name, tables)}; give params_name one of the tables found: {', '.join(sorted(tables))}"
             )

@@ -239,9 +239,11 @@ def quantize_table(
     """
     validate_choice("quantize_type", quantize_type, EMBEDDING_QUANTIZE_TYPES)
     validate_bits("quantize_bits", bits, 2, 8 if quantize_type == "log" else 16)
-    values = np.asarray(table, dtype=np.float32)
-    if values.ndim != 2 or values.size == 0:
-        raise DataError(f"an embedding table must be a non-empty 2-D array (rows, dim); got shape {values.shape}")
+    source = np.asarray(table)
+    if source.ndim != 2 or source.size == 0:
+        raise DataError(f"an embedding table must be a non-empty 2-D array (rows, dim); got shape {source.shape}")
+    _check_float32_range(source, "embedding table")
+    values = np.asarray(source, dtype=np.float32)
     _check_threshold(threshold)
     if log_step is not None:
         log_step = check_log_step(log_step)
@@ -251,6 +253,7 @@ def quantize_table(
         sample = values[_sample_rows(*values.shape)]
         log_step = _fit_log_step(sample, bits, per_row, threshold, global_absmax)
     codes, scales = _table_codes(values, quantize_type, bits, per_row, threshold, global_absmax, log_step)
+    _check_not_all_zero(scales, "embedding table")
     return QuantizedTable(codes, scales, quantize_type, bits, log_step=log_step if quantize_type == "log" else None)
 
 
@@ -360,6 +363,8 @@ def quantize_npy(
     packed = pack and bits <= 4
     chunk_rows = min(chunk_rows, max(1, READ_BYTES // (dim * source_dtype.itemsize)))
     global_absmax = None if per_row else _npy_absmax(src, shape, source_dtype, source_offset, chunk_rows)
+    if global_absmax == 0:
+        _check_not_all_zero(np.zeros(1, np.float32), str(src))
     meta: dict[str, Any] = {"quantize_type": quantize_type, "bits": bits, "dim": dim, "packed": packed}
     log_step = None
     if quantize_type == "log":
@@ -373,15 +378,20 @@ def quantize_npy(
             _write_npy_header(fscales, np.float32, (rows if per_row else 1,))
             fin.seek(source_offset)
             buffers = _work_buffers(chunk_rows, dim, quantize_type == "log")
+            nonzero = False
             for chunk in _chunks(fin, source_dtype, rows, dim, chunk_rows):
+                _check_float32_range(chunk, str(src))
                 codes, scales = _table_codes(np.asarray(chunk, np.float32), quantize_type, bits, per_row, threshold,
                                              global_absmax, log_step, buffers)
                 fout.write(pack_int4(codes) if packed else codes)
                 _start_writeback(fout)
+                nonzero = nonzero or bool(scales.any())
                 if per_row:
                     fscales.write(scales)
             if not per_row:
                 fscales.write(scales)
+            if not nonzero:  # nothing is moved into place
+                _check_not_all_zero(scales, str(src))
         (stage / meta_file.name).write_text(json.dumps(meta))
     return load_quantized_npy(dst)
 
@@ -433,7 +443,24 @@ def dequantize_npy(
 
 def _check_threshold(threshold: float | None) -> None:
     if threshold is not None and not (isinstance(threshold, numbers.Real) and threshold > 0):
-        raise DataError(f"threshold must be > 0, got {short_repr(threshold)}")
+        raise DataError(f"threshold must be > 0, got {short_repr(threshold)}; pass a positive clipping value, "
+                        "or None for no clipping")
+
+
+def _check_not_all_zero(scales: NDArray[np.float32], name: str) -> None:
+    """An all-zero table has nothing to quantize: usually its trained values were never loaded."""
+    if not scales.any():
+        raise DataError(f"{name} is all zeros, so there is nothing to quantize; load its trained values first "
+                        "(all-zero rows, such as a padding row, are fine)")
+
+
+def _check_float32_range(values: NDArray[Any], name: str) -> None:
+    """Tables are quantized in float32: a float64 value beyond its range would silently become Inf."""
+    if values.dtype.itemsize > 4 and values.dtype.kind == "f":
+        finite = np.abs(values[np.isfinite(values)])
+        if finite.size and finite.max() > np.finfo(np.float32).max:
+            raise DataError(f"{name} holds values up to {finite.max():.3g}, beyond float32's range; "
+                            "rescale the table into float32's range first")
 
 
 def _check_chunk_rows(chunk_rows: int) -> None:
