@@ -29,6 +29,7 @@ from qcore.deploy import OpTarget, find_targets, get_target
 from qcore.deploy.apply import RUNS_FLOAT_NOTE, Applied, Planned, apply_rules
 from qcore.deploy.base import mark_model
 from qcore.deploy.onednn import OneDnnTarget
+from qcore.distributed import on_rank0
 from qcore.errors import ConfigError
 from qcore.graph import Graph, open_graph
 from qcore.graph.replay import LayerReplay, replayable
@@ -41,9 +42,10 @@ from .auto import AUTO, AutoChoice, choose_thresholds
 from .bias_correction import correct_bias, input_means
 from .budget import Budget, EvalFunction, Search, output_error, score_of, smallest_within
 from .budget import report as budget_report
-from .calibrate import Calibration, calibrate, run_batches
+from .calibrate import Calibration, run_batches
 from .data import check_batch_arguments, feed_batches
 from .naming import output_names
+from .sharded import calibrate_sharded
 
 log = logging.getLogger(__name__)
 #: Calibration batches the accuracy budget scores candidates on (label-free) and ranks layers with.
@@ -100,6 +102,7 @@ class PostTrainingQuantization:
         max_float_layers: int | None = None,
         max_evaluations: int = 10,
         measure_candidate: Callable[[ModelFiles], float] | None = None,
+        distributed: bool = True,
     ) -> None:
         if model_dir is None:
             raise ConfigError("model_dir is required: the directory (or path prefix) of the float model")
@@ -135,6 +138,7 @@ class PostTrainingQuantization:
         self.onednn_fallback = onednn_fallback
         self.residual_add = residual_add
         self.progress = progress
+        self.distributed = distributed  # under paddle.distributed: merge every rank's calibration, rank 0 saves
         self.model = load_model(model_dir, model_filename, params_filename)
         reason = self.target.accepts(self.model.source.model_file if self.model.source else "")
         if self.deploy_backend is not None and reason is not None:
@@ -167,8 +171,9 @@ class PostTrainingQuantization:
         targets, float_inputs = self._planned_targets(graph)
         means = input_means(targets) if self.bias_correction else {}
         layerwise = self.algo == AUTO or self.round_type == "adaround"
-        calibration = calibrate(graph, targets, self._batches(), progress=self.progress, channel_means=means,
-                                keep_samples=LAYERWISE_SAMPLES if layerwise else 0)
+        calibration = calibrate_sharded(self, graph, targets, self._batches(), enabled=self.distributed,
+                                        progress=self.progress, channel_means=means,
+                                        keep_samples=LAYERWISE_SAMPLES if layerwise else 0)  # merged over ranks
         if self.cache_file is not None:
             self._checkpoint(calibration)
         candidates = {
@@ -368,10 +373,15 @@ class PostTrainingQuantization:
         """Save the quantized model (same IR family as the input) atomically."""
         if self.graph is None:
             raise RuntimeError("call quantize() before save_quantized_model()")
-        files = self.graph.save(save_model_path, *output_names(self.model.family, model_filename, params_filename))
-        if self.cache_file is not None and self.cache_file.exists():
-            self.cache_file.unlink()
-        return files
+        graph, names = self.graph, output_names(self.model.family, model_filename, params_filename)
+
+        def write() -> ModelFiles:  # on rank 0 only under paddle.distributed; the other ranks wait for it
+            files = graph.save(save_model_path, *names)
+            if self.cache_file is not None and self.cache_file.exists():
+                self.cache_file.unlink()
+            return files
+
+        return on_rank0(write, f"the quantized model to {save_model_path}", enabled=self.distributed)
 
 
 def _jsonable(value: Any) -> Any:
@@ -419,6 +429,7 @@ def quant_post_static(
     max_float_layers: int | None = None,
     max_evaluations: int = 10,
     measure_candidate: Callable[[ModelFiles], float] | None = None,
+    distributed: bool = True,
 ) -> dict[str, Any]:
     """Quantize the model in ``model_dir`` with calibration data and save it.
 
@@ -426,6 +437,9 @@ def quant_post_static(
     ``eval_function`` + ``max_metric_drop``, or ``max_output_error``: keep the layers that hurt most
     float until the model is within that budget (:mod:`qptq.budget`; report section ``budget``);
     ``measure_candidate(files)`` is recorded for the float model and each candidate (e.g. latency).
+    Under ``paddle.distributed`` with several ranks, each rank calibrates on its own data, the
+    statistics are merged (every rank gets the same thresholds) and rank 0 alone writes the model
+    (:mod:`qptq.sharded`); ``distributed=False`` makes each rank work alone.
     """
     ptq = PostTrainingQuantization(
         executor=executor, sample_generator=sample_generator, model_dir=model_dir,
@@ -440,7 +454,7 @@ def quant_post_static(
         deploy_backend=deploy_backend, onnx_format=onnx_format, round_type=round_type,
         skip_tensor_list=skip_tensor_list, eval_function=eval_function, max_metric_drop=max_metric_drop,
         max_output_error=max_output_error, max_float_layers=max_float_layers, max_evaluations=max_evaluations,
-        measure_candidate=measure_candidate,
+        measure_candidate=measure_candidate, distributed=distributed,
     )
     family = ptq.model.family
     check_model_output(quantize_model_path, family, *output_names(family, save_model_filename, save_params_filename),

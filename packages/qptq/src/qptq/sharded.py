@@ -1,0 +1,176 @@
+"""Sharded calibration: each rank of a ``paddle.distributed`` job calibrates on its own data.
+
+Used by :class:`~qptq.static.PostTrainingQuantization` when ``paddle.distributed`` is
+initialised with more than one process (``distributed=False`` turns it off). Every rank:
+
+1. checks that all ranks quantize the same model with the same settings (a mismatch is a
+   :class:`~qcore.errors.ConfigError` on every rank, before any calibration or output);
+2. agrees on the histogram grid: the lowest rank with data runs its first batch and shares
+   each activation's abs max; every rank starts its histograms with that range
+   (:class:`~qcore.observers.HistogramObserver` grows it by doubling, so all ranks' ranges then
+   differ by powers of two and merging them re-bins exactly);
+3. calibrates its own batches, then all ranks exchange their statistics and merge them in rank
+   order, so all end with the same observers and therefore the same thresholds.
+
+Why the shared start: a histogram's range starts at the first batch's abs max and doubles, so
+two ranks that start from their own first batches have grids that are not powers of two apart,
+and merging them would move counts by up to one bin. A single process reading rank 0's data
+then rank 1's starts from rank 0's first batch: the same range the ranks share here, so the
+merged histogram, and every threshold read from it (``abs_max``, ``hist``, ``KL``, ``mse``,
+``emd``), equals the single-process one. ``avg`` (the mean of per-batch abs maxes) equals it up
+to float summation order. A rank with no data contributes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from qcore.deploy import OpTarget
+from qcore.distributed import DistributedError, active, all_gather, check_same, digest_files, world
+from qcore.errors import ConfigError, DataError, QuantError
+from qcore.graph import Graph
+from qcore.observers import HistogramObserver
+
+from .calibrate import Calibration, ChannelMean, calibrate
+
+#: How :func:`qptq.data.feed_batches` reports a source that yielded nothing (an empty shard here).
+EMPTY = "calibration data is empty"
+
+
+def settings(ptq: Any) -> dict[str, Any]:
+    """The options of ``ptq`` (a PostTrainingQuantization) that change the result, for :func:`check_same`."""
+    return {
+        "algo": ptq.algo, "hist_percent": ptq.hist_percent, "weight_bits": ptq.weight_bits,
+        "activation_bits": ptq.activation_bits, "per_channel": ptq.per_channel, "op_types": list(ptq.op_types),
+        "skip_patterns": list(ptq.skip_patterns), "skip_tensor_list": sorted(ptq.skip_tensors),
+        "bias_correction": ptq.bias_correction, "round_type": ptq.round_type, "residual_add": ptq.residual_add,
+        "onednn_fallback": ptq.onednn_fallback, "deploy_backend": ptq.deploy_backend,
+        "optimize_model": ptq.optimize_model,
+    }  # fmt: skip
+
+
+def model_identity(ptq: Any) -> dict[str, Any]:
+    """What identifies the model ``ptq`` loaded: its IR family and a digest of its files."""
+    source = ptq.model.source
+    files = [] if source is None else [source.model_file, source.params_file or source.directory]
+    return {"family": ptq.model.family, "files (sha256)": digest_files(files) if files else None}
+
+
+def calibrate_sharded(
+    ptq: Any,
+    graph: Graph,
+    targets: list[OpTarget],
+    batches: Iterable[dict[str, np.ndarray]],
+    *,
+    enabled: bool = True,
+    progress: bool = False,
+    channel_means: dict[str, ChannelMean] | None = None,
+    keep_samples: int = 0,
+) -> Calibration:
+    """:func:`~qptq.calibrate.calibrate` over this rank's ``batches``, merged over every rank.
+
+    In a single process, or with ``enabled=False``, this is exactly ``calibrate(...)``.
+    """
+    if not active(enabled):
+        return calibrate(graph, targets, batches, progress=progress, channel_means=channel_means,
+                         keep_samples=keep_samples)
+    if ptq.budget is not None:
+        raise ConfigError("an accuracy budget is not supported with sharded calibration (each rank would score its "
+                          "own batches); run it in one process or pass distributed=False")
+    check_same("quantization settings", settings(ptq), "pass the same arguments on every rank")
+    check_same("model", model_identity(ptq), "load the same model on every rank")
+    rank, _ = world()
+    stream = iter(batches)
+    first, problem = None, None
+    try:
+        first = next(stream)
+    except DataError as exc:
+        if not str(exc).startswith(EMPTY):  # an empty shard is allowed: it contributes nothing
+            problem = exc
+    has_data = _gather_or_raise((first is not None, problem), "which ranks have calibration data")
+    if not any(has_data):
+        raise DataError("no rank has calibration data; give at least one rank a non-empty shard")
+    seed_rank = has_data.index(True)
+    ranges = None
+    if rank == seed_rank:
+        assert first is not None
+        try:
+            probe = calibrate(graph, targets, [first])
+            ranges = {name: obs.upper for name, obs in probe.observers.items()}
+        except QuantError as exc:
+            problem = exc
+    ranges = _gather_or_raise((ranges, problem), "histogram ranges")[seed_rank]
+    local = None
+    try:
+        local = calibrate(graph, targets, [] if first is None else chain([first], stream), progress=progress,
+                          channel_means=channel_means, keep_samples=keep_samples, observers=_seeded(ranges))
+    except QuantError as exc:  # told to every rank, so none waits for this one
+        problem = exc
+    parts = _gather_or_raise((None if local is None else _portable(local), problem), "calibration statistics")
+    return _merged(parts, keep_samples)
+
+
+def _gather_or_raise(mine: tuple[Any, QuantError | None], what: str) -> list[Any]:
+    """Exchange ``(value, error)`` pairs; if any rank had an error, raise it on that rank and name it on the others."""
+    rank, _ = world()
+    value, problem = mine
+    gathered = all_gather((value, None if problem is None else f"{type(problem).__name__}: {problem}"), what)
+    failed = [(r, msg) for r, (_, msg) in enumerate(gathered) if msg is not None]
+    if problem is not None:
+        raise problem
+    if failed:
+        other, msg = failed[0]
+        raise DistributedError(f"rank {rank}: stopped because rank {other} failed during {what}: {msg}")
+    return [v for v, _ in gathered]
+
+
+def _seeded(ranges: dict[str, float]) -> dict[str, HistogramObserver]:
+    observers = {}
+    for name, upper in ranges.items():
+        obs = HistogramObserver()
+        obs.upper = upper  # empty, with the shared range: the first batch bins (or doubles) from it
+        observers[name] = obs
+    return observers
+
+
+def _portable(c: Calibration) -> dict[str, Any]:
+    return {
+        "observers": {n: o.state() for n, o in c.observers.items()},
+        "channel_means": {n: (m.axis, m.total, m.count) for n, m in c.channel_means.items()},
+        "samples_of": {n: list(v) for n, v in c.activation_samples.items()},
+        "batches": c.batches, "samples": c.samples,
+    }  # fmt: skip
+
+
+def _merged(parts: list[dict[str, Any]], keep_samples: int) -> Calibration:
+    """Merge every rank's statistics in rank order (rank 0's data first, as one process reading them in turn)."""
+    result = Calibration()
+    for name in parts[0]["observers"]:
+        merged = HistogramObserver()
+        for part in parts:
+            merged.merge(HistogramObserver.from_state(part["observers"][name]))
+        result.observers[name] = merged
+    for name, (axis, _, _) in parts[0]["channel_means"].items():
+        mean = ChannelMean(axis)
+        for part in parts:
+            _, total, count = part["channel_means"][name]
+            if count:
+                mean.merge(ChannelMean(axis, total, count))
+        result.channel_means[name] = mean
+    for name in parts[0]["samples_of"]:
+        kept: list[np.ndarray] = []
+        room = keep_samples
+        for part in parts:
+            for rows in part["samples_of"][name]:
+                if room > 0:
+                    kept.append(rows[:room])
+                    room -= len(kept[-1])
+        result.activation_samples[name] = kept
+    result.batches = sum(p["batches"] for p in parts)
+    result.samples = sum(p["samples"] for p in parts)
+    result.samples_kept = min(keep_samples, result.samples)
+    return result

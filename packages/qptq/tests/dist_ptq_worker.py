@@ -1,0 +1,69 @@
+"""One rank of the sharded-calibration tests (test_distributed.py); run under paddle.distributed.launch.
+
+``python dist_ptq_worker.py OUT SCENARIO``: each rank calibrates its own shard of the demo
+calibration data and writes what it saw to ``OUT/rank<r>.json``. Not collected by pytest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import paddle.distributed as dist
+
+from qcore.errors import QuantError
+from qdemo import demo_model_dir, load_demo_data
+from qptq import quant_post_static
+
+SHARD = 40  # samples per rank; the union is calib[: 2 * SHARD]
+
+
+def samples(images):
+    return lambda: ((img,) for img in images)
+
+
+def thresholds(report):
+    return {name: info["threshold"] for layer in report["layers"] for name, info in layer.get("inputs", {}).items()}
+
+
+def run(out: Path, rank: int, name: str, images, family="pir", **kwargs) -> dict:
+    try:
+        report = quant_post_static(None, demo_model_dir(family), out / name, sample_generator=samples(images),
+                                   batch_size=10, save_model_filename=None, save_params_filename=None, **kwargs)
+    except QuantError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}", "written": sorted(os.listdir(out / name))
+                if (out / name).exists() else []}
+    return {"thresholds": thresholds(report), "all_algos": {n: i["all_algos"] for layer in report["layers"]
+                                                            for n, i in layer.get("inputs", {}).items()},
+            "samples": report["samples"], "batches": report["batches"]}
+
+
+def main() -> None:
+    out, scenario = Path(sys.argv[1]), sys.argv[2]
+    dist.init_parallel_env()
+    rank = dist.get_rank()
+    calib, _ = load_demo_data("calib")
+    mine = calib[rank * SHARD:(rank + 1) * SHARD]
+    seen = {}
+    if scenario == "main":
+        seen["mismatch"] = run(out, rank, "mismatch", mine, algo="KL" if rank == 0 else "abs_max")
+        for algo in ("KL", "abs_max", "hist"):
+            seen[algo] = run(out, rank, algo, mine, algo=algo)
+        seen["legacy_KL"] = run(out, rank, "legacy_KL", mine, family="legacy", algo="KL")
+        seen["empty"] = run(out, rank, "empty", mine if rank == 0 else mine[:0], algo="KL")
+    elif scenario == "dies":
+        def dying():
+            for i, img in enumerate(mine):
+                if rank == 1 and i == 15:
+                    os._exit(17)  # rank 1 dies in the middle of its shard
+                yield (img,)
+        report = quant_post_static(None, demo_model_dir("pir"), out / "dies", sample_generator=dying,
+                                   batch_size=10, algo="KL", save_model_filename=None, save_params_filename=None)
+        seen["dies"] = thresholds(report)
+    (out / f"rank{rank}.json").write_text(json.dumps(seen, indent=1, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Sharded static calibration under ``paddle.distributed.launch``: 2 CPU processes (gloo, loopback).
+
+Each rank of :mod:`dist_ptq_worker` calibrates its own 40-sample shard of the demo calibration
+data; the result must equal one process calibrating the 80-sample union (rank 0's shard first):
+the same thresholds, bit for bit, on both ranks, and the same saved bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qdemo import demo_model_dir, load_demo_data
+from qptq import quant_post_static
+
+WORKER = Path(__file__).with_name("dist_ptq_worker.py")
+SHARD = 40
+TIMEOUT = 150  # seconds for one 2-process launch (about 25 s on an idle 2-core machine)
+
+
+def launch(tmp: Path, scenario: str) -> tuple[subprocess.CompletedProcess, Path, list[dict]]:
+    out, logs = tmp / "out", tmp / "logs"
+    out.mkdir(parents=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--max_restart", "0",
+           "--log_dir", str(logs), str(WORKER), str(out), scenario]
+    proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    ranks = [json.loads(p.read_text()) if p.exists() else None for p in (out / "rank0.json", out / "rank1.json")]
+    return proc, out, ranks
+
+
+def files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def single(tmp: Path, name: str, images, family: str = "pir", algo: str = "KL") -> dict:
+    report = quant_post_static(None, demo_model_dir(family), tmp / name, batch_size=10, algo=algo,
+                               sample_generator=lambda: ((i,) for i in images),
+                               save_model_filename=None, save_params_filename=None)
+    return {n: i["threshold"] for layer in report["layers"] for n, i in layer.get("inputs", {}).items()}
+
+
+@pytest.fixture(scope="module")
+def main_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dist_ptq")
+    proc, out, ranks = launch(tmp, "main")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return tmp, out, ranks
+
+
+@pytest.mark.parametrize("case", ["KL", "abs_max", "hist", "legacy_KL"])
+def test_sharded_equals_single_process_on_the_union(main_run, case):
+    tmp, out, (rank0, rank1) = main_run
+    family, algo = ("legacy", "KL") if case == "legacy_KL" else ("pir", case)
+    calib, _ = load_demo_data("calib")
+    expected = single(tmp, f"single_{case}", calib[: 2 * SHARD], family, algo)
+    assert rank0[case]["thresholds"] == rank1[case]["thresholds"]  # every rank ends with the same thresholds
+    assert rank0[case]["thresholds"] == expected  # exactly, not approximately
+    assert len(expected) >= 4 and all(v > 0 for v in expected.values())
+    assert rank0[case]["samples"] == 2 * SHARD and rank0[case]["batches"] == 2 * SHARD // 10
+    assert files(out / case) == files(tmp / f"single_{case}")  # rank 0 wrote what one process writes
+    assert not any(p.name.startswith("rank1") for p in (out / case).iterdir())
+
+
+def test_every_histogram_algorithm_agrees_with_single_process(main_run):
+    """The merged histogram is the single-process one: every histogram-read threshold matches too."""
+    tmp, out, (rank0, _) = main_run
+    calib, _ = load_demo_data("calib")
+    report = quant_post_static(None, demo_model_dir("pir"), tmp / "single_all", batch_size=10, algo="KL",
+                               sample_generator=lambda: ((i,) for i in calib[: 2 * SHARD]))
+    for layer in report["layers"]:
+        for name, info in layer.get("inputs", {}).items():
+            merged = rank0["KL"]["all_algos"][name]
+            for algo in (a for a in info["all_algos"] if a != "avg"):
+                assert merged[algo] == info["all_algos"][algo], (name, algo)
+            assert merged["avg"] == pytest.approx(info["all_algos"]["avg"], rel=1e-5)  # float sum order (report rounds)
+            assert {"abs_max", "kl", "hist", "mse"} <= set(info["all_algos"])
+
+
+def test_different_settings_on_a_rank_are_refused_before_any_output(main_run):
+    _, out, (rank0, rank1) = main_run
+    for seen in (rank0, rank1):
+        error = seen["mismatch"]["error"]
+        assert error.startswith("ConfigError: rank 1's quantization settings differ from rank 0's: algo='abs_max'")
+        assert "pass the same arguments on every rank" in error
+        assert seen["mismatch"]["written"] == []
+
+
+def test_an_empty_shard_contributes_nothing(main_run):
+    tmp, out, (rank0, rank1) = main_run
+    calib, _ = load_demo_data("calib")
+    expected = single(tmp, "single_empty", calib[:SHARD])
+    assert rank0["empty"]["thresholds"] == rank1["empty"]["thresholds"] == expected
+    assert rank0["empty"]["samples"] == SHARD
+    assert files(out / "empty") == files(tmp / "single_empty")
+
+
+def test_a_rank_that_dies_stops_the_others_without_output(tmp_path):
+    proc, out, ranks = launch(tmp_path, "dies")
+    assert proc.returncode != 0
+    rank0_log = proc.stdout + proc.stderr
+    assert "DistributedError: rank 0: exchanging calibration statistics with the other 1 rank(s) failed" in rank0_log
+    assert "nothing was written" in rank0_log
+    assert ranks == [None, None]
+    assert not (out / "dies").exists() or not any((out / "dies").iterdir())
