@@ -116,9 +116,48 @@ def test_static_with_an_accuracy_budget(demo_arrays, tmp_path, capsys):
     args = ["ptq", "static", str(demo_model_dir("pir")), str(tmp_path / "int8"), "--data",
             str(demo_arrays / "calib.npy"), "--algo", "abs_max", "--weight-bits", "4", "--batch-size", "25"]
     assert main([*args, "--max-metric-drop", "1"]) == 3  # needs labelled data to score top-1
-    assert "give --eval-data and --eval-labels" in capsys.readouterr().err
+    assert "or --eval-data and --eval-labels" in capsys.readouterr().err
     assert main([*args, "--max-output-error", "0.05"]) == 0
     budget = json.loads((tmp_path / "int8.report.json").read_text())["budget"]
     assert budget["metric"] == "output_error" and budget["limit"] == 0.05
     fewer = [c["score"] for c in budget["candidates"] if c["float_layers"] < budget["float_layers"]]
     assert budget["met"] and all(score > 0.05 for score in fewer)
+
+
+def test_budget_with_a_users_eval_function_writes_an_html_report(demo_arrays, tmp_path, capsys):
+    metric = tmp_path / "metric.py"
+    metric.write_text(
+        "import numpy as np\n"
+        "from qcore.inference import predict\n"
+        f"X, Y = np.load({str(demo_arrays / 'x.npy')!r}), np.load({str(demo_arrays / 'y.npy')!r})\n"
+        "def top1(files):\n"
+        "    return float((predict(files, {'image': X}, backend='native')[0].argmax(1) == Y).mean())\n"
+    )
+    out, page = tmp_path / "int4", tmp_path / "report.html"
+    assert main(["ptq", "static", str(demo_model_dir("legacy")), str(out), "--data", str(demo_arrays / "calib.npy"),
+                 "--algo", "AUTO", "--weight-bits", "4", "--backend", "native", "--batch-size", "20",
+                 "--max-drop", "0.01", "--eval", f"{metric}:top1", "--report-html", str(page)]) == 0
+    report = json.loads((tmp_path / "int4.report.json").read_text())
+    budget = report["budget"]
+    assert report["algo"] == "auto" and budget["metric"] == "eval_function"
+    assert budget["met"] == (budget["float_score"] - budget["candidates"][-1]["score"] <= 0.01)
+    assert all(0.05 < c["measured"] < 20 for c in budget["candidates"]) and budget["float_measured"] > 0
+    text = page.read_text()
+    assert text.count("<img") == 2 and "Accuracy budget" in text and "algo=auto" in text
+    assert f"HTML report: {page}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--algo", "kll"], "invalid choice: 'kll'"),
+    (["--eval", "nowhere_module:fn", "--max-drop", "0.01"], "cannot import 'nowhere_module' for --eval"),
+    (["--eval", "json:dumps"], "--eval is the metric of an accuracy budget: give --max-drop"),
+])
+def test_bad_budget_and_algo_options_are_one_line(demo_arrays, tmp_path, capsys, extra, message):
+    try:
+        code = main(["ptq", "static", str(demo_model_dir("legacy")), str(tmp_path / "o"), "--data",
+                     str(demo_arrays / "calib.npy"), *extra])
+    except SystemExit as exit:  # argparse's own refusal
+        code = exit.code
+    assert code != 0
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -6,21 +6,25 @@ import argparse
 import functools
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from qcore.config import ROUND_TYPES
 from qcore.deploy import BACKEND_NAMES
-from qcore.deploy.verify import markdown_table, verify
+from qcore.deploy.verify import interleaved_latency, markdown_table, verify
 from qcore.errors import ConfigError, DataError, OutputError
-from qcore.inference import agreement, deployed_outputs, executor_outputs, top1
+from qcore.inference import agreement, create_predictor, deployed_outputs, executor_outputs, top1
 from qcore.model_io import ModelFiles, find_model_files
 from qcore.outputs import write_bytes
+from qcore.thresholds import PTQ_ALGO_CHOICES
 
-from ..calib_data import sample_source
+from ..calib_data import load_function, sample_source
 from ..feeds import feed_specs, first_feed
 from ..plugins import require
+from ..report_html import render
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,7 +45,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="calibration samples: a .npy array (N, ...), a folder of images or .npy files, or module:function / "
         "file.py:function returning an iterable of samples",
     )
-    static.add_argument("--algo", default="KL", help="KL, abs_max, hist, mse, avg or emd (default KL)")
+    static.add_argument("--algo", default="kl", type=str.lower, choices=PTQ_ALGO_CHOICES,
+                        help="activation threshold algorithm (default kl); auto: per activation, the one with the "
+                             "least layer output error")
+    static.add_argument("--round-type", default="round", choices=ROUND_TYPES,
+                        help="weight rounding: round (to nearest) or adaround (learned per layer)")
     static.add_argument("--batch-size", type=int, default=10)
     static.add_argument("--batch-nums", type=int, default=None, help="stop after this many batches")
     static.add_argument(
@@ -58,9 +66,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     static.add_argument("--max-output-error", type=float, default=None,
                         help="accuracy budget without labels: keep layers float until the outputs are within this "
                              "relative error of float on calibration batches")
-    static.add_argument("--max-metric-drop", type=float, default=None,
-                        help="accuracy budget: keep layers float until top-1 on --eval-data/--eval-labels (deployed "
-                             "on --backend) is at most this far below float, as a fraction (0.01 = one point)")
+    static.add_argument("--max-metric-drop", "--max-drop", type=float, default=None,
+                        help="accuracy budget: keep layers float until the metric (--eval, else top-1 on "
+                             "--eval-data/--eval-labels deployed on --backend) is at most this far below float, "
+                             "as a fraction (0.01 = one point)")
+    static.add_argument("--eval", default=None, metavar="MODULE:FUNCTION",
+                        help="your metric for --max-drop: fn(model_files) -> float, higher is better "
+                             "(module:function or file.py:function)")
+    static.add_argument("--report-html", type=Path, default=None,
+                        help="also write an HTML page with plots (layer sensitivity, metric and latency per "
+                             "budget candidate on --backend)")
     static.add_argument("--input-shape", default=None, help="C,H,W images are resized to (default: the model's)")
     static.add_argument("--mean", default="0", help="per-channel mean of [0,1] pixels, e.g. 0.485,0.456,0.406")
     static.add_argument("--std", default="1", help="per-channel std the pixels are divided by")
@@ -106,6 +121,8 @@ def run_static(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     options: dict[str, Any] = {} if args.op_types is None else {"quantizable_op_type": args.op_types}
     options.update(_budget_options(args, source))
+    if args.report_html is not None and options:
+        options["measure_candidate"] = _latency_ratio(source, args.backend or "onednn")
     ptq_report = qptq.quant_post_static(
         None, args.model, args.out, sample_generator=samples, model_filename=args.model_filename,
         params_filename=args.params_filename, save_model_filename=None, save_params_filename=None,
@@ -113,7 +130,7 @@ def run_static(args: argparse.Namespace) -> int:
         weight_bits=args.weight_bits, activation_bits=args.activation_bits,
         weight_quantize_type=args.weight_quantize_type, optimize_model=not args.no_fold_bn,
         hist_percent=args.hist_percent, skip_patterns=args.skip_pattern, bias_correction=args.bias_correction,
-        progress=True, deploy_backend=args.backend, **options,
+        progress=True, deploy_backend=args.backend, round_type=args.round_type, **options,
     )
     report = {"method": "static", **ptq_report}
     return _finish(args, source, find_model_files(args.out), report, time.perf_counter() - start)
@@ -150,6 +167,9 @@ def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, repor
         report["verified"] = verify(source, out, feed, [args.backend] if args.backend else CPU_BACKENDS)
     path = _report_path(args)
     write_bytes(path, json.dumps(report, indent=1).encode())
+    if getattr(args, "report_html", None) is not None:
+        write_bytes(args.report_html, render(report).encode())
+        print(f"HTML report: {args.report_html}")
     sizes = report["sizes"]
     print(f"quantized model: {out.model_file} ({report['seconds']} s); params {sizes['float_params_bytes']:,} -> "
           f"{sizes['quantized_params_bytes']:,} bytes ({sizes['ratio']:.2f}x); report: {path}")
@@ -163,24 +183,46 @@ def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, repor
 def _budget_options(args: argparse.Namespace, source: ModelFiles) -> dict[str, Any]:
     """``max_output_error``, or ``eval_function`` (deployed top-1 on the eval set) + ``max_metric_drop``."""
     if args.max_metric_drop is None:
+        if args.eval is not None:
+            raise ConfigError("--eval is the metric of an accuracy budget: give --max-drop too (e.g. 0.01)")
         return {} if args.max_output_error is None else {"max_output_error": args.max_output_error}
+    if args.eval is not None:
+        return {"max_metric_drop": args.max_metric_drop,
+                "eval_function": load_function(args.eval, "--eval", "module:function taking the model files")}
     if args.eval_data is None or args.eval_labels is None:
-        raise ConfigError("--max-metric-drop scores top-1: give --eval-data and --eval-labels too")
+        raise ConfigError("--max-drop needs a metric: --eval module:function, or --eval-data and --eval-labels "
+                          "(top-1)")
     x, y = np.load(args.eval_data), np.load(args.eval_labels)
     feed = first_feed(source)
     return {"max_metric_drop": args.max_metric_drop,
             "eval_function": lambda files: top1(deployed_outputs(files, feed, x, args.backend), y) / 100}
 
 
-def _random_feed(files: ModelFiles) -> dict[str, np.ndarray] | None:
-    """Eight standard-normal samples for a one-input model of fixed sample shape, else None."""
+def _latency_ratio(source: ModelFiles, backend: str) -> Callable[[ModelFiles], float]:
+    """``fn(files)``: the median latency of ``files`` over the float model's on ``backend``, runs interleaved,
+    on one random sample of the model's input (1.0 for the float model itself)."""
+    feed = _random_feed(source, batch=1)
+    if feed is None:
+        raise ConfigError("--report-html measures latency on random inputs: the model needs one input of fixed "
+                          "sample shape; leave out --report-html for this model")
+    reference = create_predictor(source, backend=backend)
+
+    def ratio(files: ModelFiles) -> float:
+        ms = interleaved_latency({"float": reference, "candidate": create_predictor(files, backend=backend)}, feed)
+        return round(ms["candidate"] / ms["float"], 4)
+
+    return ratio
+
+
+def _random_feed(files: ModelFiles, batch: int = 8) -> dict[str, np.ndarray] | None:
+    """``batch`` standard-normal samples for a one-input model of fixed sample shape, else None."""
     specs = feed_specs(files)
     if len(specs) != 1:
         return None
     name, (shape, dtype) = next(iter(specs.items()))
     if any(d < 0 for d in shape[1:]):
         return None
-    return {name: np.random.default_rng(0).standard_normal((8, *shape[1:])).astype(dtype)}
+    return {name: np.random.default_rng(0).standard_normal((batch, *shape[1:])).astype(dtype)}
 
 
 def _accuracy(source: ModelFiles, out: ModelFiles, data: Path, labels: Path | None,
