@@ -86,7 +86,7 @@ def test_different_settings_on_a_rank_are_refused_before_any_output(main_run):
     _, out, (rank0, rank1) = main_run
     for seen in (rank0, rank1):
         error = seen["mismatch"]["error"]
-        assert error.startswith("ConfigError: rank 1's quantization settings differ from rank 0's: algo='abs_max'")
+        assert error.startswith("ConfigError: rank 1 and rank 0 disagree on the quantization settings: algo='abs_max'")
         assert "pass the same arguments on every rank" in error
         assert seen["mismatch"]["written"] == []
 

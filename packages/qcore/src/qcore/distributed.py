@@ -128,7 +128,7 @@ def check_same(what: str, value: Mapping[str, Any], fix: str) -> None:
     """Raise :class:`~qcore.errors.ConfigError` on every rank unless every rank passed an equal ``value``.
 
     The message names the first key that differs, the two ranks and their values, e.g.
-    ``rank 1's quantization settings differ from rank 0's: algo='abs_max' on rank 1, 'KL' on
+    ``rank 1 and rank 0 disagree on the quantization settings: algo='abs_max' on rank 1, 'kl' on
     rank 0; pass the same arguments on every rank``.
     """
     values = all_gather(dict(value), what)
@@ -137,9 +137,9 @@ def check_same(what: str, value: Mapping[str, Any], fix: str) -> None:
             continue
         keys = [k for k in {**values[0], **other} if values[0].get(k, "<missing>") != other.get(k, "<missing>")]
         key = keys[0]
+        theirs, ours = _short(other.get(key, "<missing>")), _short(values[0].get(key, "<missing>"))
         raise ConfigError(
-            f"rank {rank}'s {what} differ from rank 0's: {key}={_short(other.get(key, '<missing>'))} on rank {rank}, "
-            f"{_short(values[0].get(key, '<missing>'))} on rank 0; {fix}"
+            f"rank {rank} and rank 0 disagree on the {what}: {key}={theirs} on rank {rank}, {ours} on rank 0; {fix}"
         )
 
 

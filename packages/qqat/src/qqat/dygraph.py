@@ -6,6 +6,12 @@ dygraph training. ``save_quantized_model`` exports the float network (the wrappe
 put back for the duration), opens the export with ``qcore.graph`` and applies the same
 rewrite post-training quantization uses (:func:`qcore.graph.quantize_op`) with the learned
 thresholds, so QAT and PTQ write one deployable format.
+
+Data parallel: quantize first, then wrap, ``paddle.DataParallel(QAT(config).quantize(model))``
+(wrapping first is refused: the wrapper would not know the quantizers' parameters). Every rank
+then keeps the same activation thresholds (reduced over the ranks each step) and PACT alphas
+(parameters, started from the max over the ranks), and ``save_quantized_model`` writes on rank 0
+while the others wait (:mod:`qcore.distributed`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from qcore.config import QuantConfig
 from qcore.deploy import DeployTarget, OpTarget, get_target
 from qcore.deploy.apply import Planned, apply_rules
 from qcore.deploy.base import mark_model
+from qcore.distributed import active, all_gather, check_same, digest_files, on_rank0
 from qcore.errors import ConfigError, QuantError
 from qcore.graph import Graph, OpRef, open_graph
 from qcore.model_io import ModelFiles, check_model_output, load_model
@@ -47,10 +54,14 @@ class QAT:
 
     ``config`` takes the keys of ``qcore.config.DYGRAPH_CONFIG_DEFAULT``; missing keys get the
     defaults, unknown keys and bad values raise :class:`qcore.errors.ConfigError`.
+    ``distributed`` (default True): under an initialised ``paddle.distributed`` with several ranks,
+    share activation thresholds across the ranks while training and save on rank 0 only;
+    False makes each rank keep its own thresholds and write its own output.
     """
 
-    def __init__(self, config: Mapping[str, Any] | QuantConfig | None = None) -> None:
+    def __init__(self, config: Mapping[str, Any] | QuantConfig | None = None, *, distributed: bool = True) -> None:
         self.config = dygraph_config(config)
+        self.distributed = distributed
         self.left_float: dict[str, str] = {}  # weight name -> why the last export kept that layer float
 
     def quantize(self, model: nn.Layer) -> nn.Layer:
@@ -59,17 +70,23 @@ class QAT:
         A layer with the attribute ``skip_quant = True`` is left float. Already wrapped
         layers are not wrapped twice.
         """
+        if isinstance(model, paddle.DataParallel):
+            raise QuantError("quantize the model before wrapping it: paddle.DataParallel(QAT(config).quantize(model)), "
+                             "not QAT(config).quantize(paddle.DataParallel(model))")
         if not isinstance(model, nn.Layer):
             raise QuantError(f"quantize expects a paddle.nn.Layer, got {type(model).__name__}")
         if layer_kind(model) is not None:
             raise QuantError("quantize wraps sublayers in place; pass the network that holds the layer")
+        if active(self.distributed):  # before anything changes: every rank must wrap the same layers alike
+            check_same("QAT config", self.config.to_dict(), "pass the same config to QAT on every rank")
+            check_same("model", _structure(model), "build the same model on every rank")
         wanted = set(self.config.quantizable_layer_type)
         for parent in [model, *model.sublayers()]:
             if isinstance(parent, QuantedLayer):
                 continue
             for name, child in list(parent.named_children()):
                 if layer_kind(child) in wanted and not getattr(child, "skip_quant", False):
-                    setattr(parent, name, QuantedLayer(child, self.config))
+                    setattr(parent, name, QuantedLayer(child, self.config, sync=self.distributed))
         if not quanted_layers(model):
             log.warning("no layer of %s found: nothing to quantize", sorted(wanted))
         return model
@@ -96,8 +113,12 @@ class QAT:
         backend: in the legacy family, a layer whose int8 weight Paddle Inference's oneDNN path would run
         wrongly (see :func:`qcore.deploy.onednn.int8_problem`: its weight, an average pool it reads that the
         int8 kernel would clip, a residual add fused into it) stays float. ``self.left_float`` lists
-        the layers left float with the rule that kept them.
+        the layers left float with the rule that kept them. A ``paddle.DataParallel`` model is
+        exported through the layer it wraps; under ``paddle.distributed`` (and ``distributed=True``)
+        rank 0 writes and every rank returns once the files are in place.
         """
+        if isinstance(model, paddle.DataParallel):
+            model = model._layers
         target = get_target(deploy_backend)
         if family not in FAMILIES:
             raise ConfigError(f"family={family!r} is not valid; valid choices: 'pir', 'legacy'")
@@ -121,8 +142,10 @@ class QAT:
         prefix = Path(path)
         suffix = ".json" if family == "pir" else ".pdmodel"
         check_model_output(prefix.parent, family, prefix.name + suffix, prefix.name + ".pdiparams")
+
+        names = (prefix.name + suffix, prefix.name + ".pdiparams")
         with tempfile.TemporaryDirectory(prefix="qqat-export-") as tmp:
-            _export_float(model, Path(tmp) / "model", input_spec, family)
+            _export_float(model, Path(tmp) / "model", input_spec, family)  # on every rank: keeps them in step
             graph = open_graph(load_model(tmp))
             targets = _match_ops(graph, wrapped)
             if fold:
@@ -130,7 +153,10 @@ class QAT:
             self.left_float = self._quantize_ops(graph, targets, fold, target)
             if deploy_backend is not None:
                 mark_model(graph, target)
-            return graph.save(prefix.parent, prefix.name + suffix, prefix.name + ".pdiparams")
+            if active(self.distributed):
+                _compare_exports(graph, Path(tmp) / "compare", names)
+            return on_rank0(lambda: graph.save(prefix.parent, *names), f"the quantized model to {prefix}",
+                            enabled=self.distributed)
 
     def _quantize_ops(
         self, graph: Graph, targets: list[tuple[QuantedLayer, OpRef]], fold: bool, target: DeployTarget
@@ -148,6 +174,26 @@ class QAT:
         applied = apply_rules(graph, target.rules(graph, ops, float_inputs), planned,
                               weight_bits=self.config.weight_bits, activation_bits=self.config.activation_bits)
         return {layer.layer.weight.name: a.left_float for (layer, _), a in zip(targets, applied) if a.left_float}
+
+
+def _compare_exports(graph: Graph, scratch: Path, names: tuple[str, str]) -> None:
+    """Warn when this rank's export differs from rank 0's (rank 0's is the one written).
+
+    Under ``paddle.DataParallel`` parameters and quantizer state agree on every rank; what can
+    differ is state Paddle keeps per rank, such as batch-norm running statistics (use
+    ``paddle.nn.SyncBatchNorm`` where they must agree).
+    """
+    digests = all_gather(digest_files([graph.save(scratch, *names).directory]), "export digests")
+    differ = [rank for rank, d in enumerate(digests) if d != digests[0]]
+    if differ:
+        log.warning("the quantized export of rank(s) %s differs from rank 0's (per-rank state such as batch-norm "
+                    "running statistics?); rank 0's is saved", differ)
+
+
+def _structure(model: nn.Layer) -> dict[str, Any]:
+    """Each sublayer's type and each parameter's shape, by name (what must agree across ranks)."""
+    layers = {name or "<root>": type(layer).__name__ for name, layer in model.named_sublayers(include_self=True)}
+    return {**layers, **{f"{name} (shape)": list(p.shape) for name, p in model.named_parameters()}}
 
 
 @contextlib.contextmanager

@@ -47,9 +47,13 @@ def layer_kind(layer: nn.Layer) -> str | None:
 
 
 class QuantedLayer(nn.Layer):
-    """Fake-quantized input activation and weight around one quantizable layer."""
+    """Fake-quantized input activation and weight around one quantizable layer.
 
-    def __init__(self, layer: nn.Layer, config: QuantConfig) -> None:
+    ``sync``: under data parallel, activation thresholds (and PACT's initial alpha) take the max
+    over every rank (:mod:`qqat.quanters`).
+    """
+
+    def __init__(self, layer: nn.Layer, config: QuantConfig, sync: bool = False) -> None:
         super().__init__()
         kind = layer_kind(layer)
         if kind is None:
@@ -59,7 +63,7 @@ class QuantedLayer(nn.Layer):
         axis, self._run = _LAYERS[kind]
         weight = layer.weight
         if config.weight_preprocess_type == "PACT":
-            self.weight_quanter: nn.Layer = PACTQuanter(config.weight_bits)
+            self.weight_quanter: nn.Layer = PACTQuanter(config.weight_bits)  # weights agree on every rank
         else:
             self.weight_quanter = FakeQuanter(
                 config.weight_quantize_type, config.weight_bits, channels=weight.shape[axis], channel_axis=axis,
@@ -67,11 +71,11 @@ class QuantedLayer(nn.Layer):
                 window_size=config.window_size,
             )
         if config.activation_preprocess_type == "PACT":
-            self.act_quanter: nn.Layer = PACTQuanter(config.activation_bits)
+            self.act_quanter: nn.Layer = PACTQuanter(config.activation_bits, sync=sync)
         else:
             self.act_quanter = FakeQuanter(
                 config.activation_quantize_type, config.activation_bits,
-                moving_rate=config.moving_rate, window_size=config.window_size,
+                moving_rate=config.moving_rate, window_size=config.window_size, sync=sync,
             )
         self.weight_axis = axis
         self.per_channel = isinstance(self.weight_quanter, FakeQuanter) and self.weight_quanter.channel_axis is not None

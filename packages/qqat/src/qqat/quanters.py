@@ -17,6 +17,12 @@ the current weight (which is what export quantizes).
 :class:`PACTQuanter` is PACT: the clip bound ``alpha`` is a trained parameter and also the
 quantization threshold, so its gradient has the clipping term (+-1 outside the range) and
 the rounding-error term inside it, and it moves in both directions while training.
+
+Under data parallel (``paddle.DataParallel`` over an initialised ``paddle.distributed``), an
+activation quantizer built with ``sync=True`` takes the max of the batch abs max over the ranks
+before updating its state, so every rank keeps the same threshold, equal to what one process
+would keep on the union of the ranks' batches; a PACT ``alpha`` starts from that max too and is
+then a parameter like any other (``DataParallel`` averages its gradient).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import numpy as np
 import paddle
 from paddle import nn
 
+from qcore.distributed import active, all_reduce_max
 from qcore.quant import qmax
 
 from .fake_quant import fake_quantize_ste, pact_clip
@@ -46,9 +53,11 @@ class FakeQuanter(nn.Layer):
         is_weight: bool = False,
         moving_rate: float = 0.9,
         window_size: int = 10000,
+        sync: bool = False,
     ) -> None:
         super().__init__()
         self.kind, self.bits, self.is_weight = kind, bits, is_weight
+        self.sync = sync and not is_weight  # weights are the same on every rank already
         self.moving_rate, self.window_size = moving_rate, window_size
         self.channel_axis = channel_axis if kind == "channel_wise_abs_max" else None
         self._shape = [1]  # per tensor: broadcasts against any rank
@@ -70,8 +79,15 @@ class FakeQuanter(nn.Layer):
         dims = [d for d in range(x.ndim) if d != self.channel_axis]
         return x.max(axis=dims)
 
-    def _update(self, x: paddle.Tensor) -> paddle.Tensor:
+    def _batch_abs_max(self, x: paddle.Tensor) -> paddle.Tensor:
+        """This batch's abs max; with ``sync`` in training, the max over every rank's batch."""
         current = self._abs_max(x)
+        if self.sync and self.training and active():
+            all_reduce_max(current, "an activation's abs max")
+        return current
+
+    def _update(self, x: paddle.Tensor) -> paddle.Tensor:
+        current = self._batch_abs_max(x)
         if self.kind in STATELESS:
             return current
         if self.kind == "moving_average_abs_max":
@@ -102,16 +118,19 @@ class PACTQuanter(nn.Layer):
     ``s = alpha / qmax`` (straight-through for ``round``); outside it is +-1 as in PACT.
     """
 
-    def __init__(self, bits: int) -> None:
+    def __init__(self, bits: int, sync: bool = False) -> None:
         super().__init__()
-        self.bits = bits
+        self.bits, self.sync = bits, sync
         self.alpha = self.create_parameter([1], dtype="float32", default_initializer=nn.initializer.Constant(1.0))
         self.register_buffer("initialized", paddle.zeros([1], "int32"))
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         if not bool(self.initialized.item()):
             with paddle.no_grad():
-                start = float(paddle.abs(x).max()) or 1.0
+                first = paddle.abs(x.detach()).max().reshape([1])
+                if self.sync and self.training and active():
+                    all_reduce_max(first, "PACT's initial alpha")  # every rank starts from the same alpha
+                start = float(first.item()) or 1.0
                 self.alpha.set_value(np.array([start], np.float32))
                 self.initialized.set_value(np.array([1], np.int32))
         alpha = paddle.abs(self.alpha) + 1e-8
