@@ -135,10 +135,9 @@ def deployed_outputs(
 ) -> np.ndarray:
     """First output of ``model`` (its files, or a predictor already built) over ``x`` in ``paddle.inference``
     on ``backend`` (None: oneDNN int8), ``batch`` rows at a time."""
-    predictor = model
     if isinstance(model, ModelFiles):
-        predictor = create_predictor(model, backend=get_target(backend), threads=threads)
-    return np.concatenate([run_predictor(predictor, {feed_name: x[i : i + batch]})[0] for i in range(0, len(x), batch)])
+        model = create_predictor(model, backend=get_target(backend), threads=threads)
+    return np.concatenate([run_predictor(model, {feed_name: x[i : i + batch]})[0] for i in range(0, len(x), batch)])
 
 
 def top1(logits: np.ndarray, labels: np.ndarray) -> float:
