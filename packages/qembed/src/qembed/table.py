@@ -253,7 +253,7 @@ def quantize_table(
         sample = values[_sample_rows(*values.shape)]
         log_step = _fit_log_step(sample, bits, per_row, threshold, global_absmax)
     codes, scales = _table_codes(values, quantize_type, bits, per_row, threshold, global_absmax, log_step)
-    _check_not_all_zero(scales, "embedding table")
+    _check_not_all_zero(float(scales.max()), "embedding table")
     return QuantizedTable(codes, scales, quantize_type, bits, log_step=log_step if quantize_type == "log" else None)
 
 
@@ -363,8 +363,8 @@ def quantize_npy(
     packed = pack and bits <= 4
     chunk_rows = min(chunk_rows, max(1, READ_BYTES // (dim * source_dtype.itemsize)))
     global_absmax = None if per_row else _npy_absmax(src, shape, source_dtype, source_offset, chunk_rows)
-    if global_absmax == 0:
-        _check_not_all_zero(np.zeros(1, np.float32), str(src))
+    if global_absmax is not None:
+        _check_not_all_zero(global_absmax, str(src))
     meta: dict[str, Any] = {"quantize_type": quantize_type, "bits": bits, "dim": dim, "packed": packed}
     log_step = None
     if quantize_type == "log":
@@ -378,20 +378,19 @@ def quantize_npy(
             _write_npy_header(fscales, np.float32, (rows if per_row else 1,))
             fin.seek(source_offset)
             buffers = _work_buffers(chunk_rows, dim, quantize_type == "log")
-            nonzero = False
+            largest = 0.0
             for chunk in _chunks(fin, source_dtype, rows, dim, chunk_rows):
                 _check_float32_range(chunk, str(src))
                 codes, scales = _table_codes(np.asarray(chunk, np.float32), quantize_type, bits, per_row, threshold,
                                              global_absmax, log_step, buffers)
                 fout.write(pack_int4(codes) if packed else codes)
                 _start_writeback(fout)
-                nonzero = nonzero or bool(scales.any())
+                largest = max(largest, float(scales.max()))
                 if per_row:
                     fscales.write(scales)
             if not per_row:
                 fscales.write(scales)
-            if not nonzero:  # nothing is moved into place
-                _check_not_all_zero(scales, str(src))
+            _check_not_all_zero(largest, str(src))  # raised here, nothing is moved into place
         (stage / meta_file.name).write_text(json.dumps(meta))
     return load_quantized_npy(dst)
 
@@ -447,9 +446,10 @@ def _check_threshold(threshold: float | None) -> None:
                         "or None for no clipping")
 
 
-def _check_not_all_zero(scales: NDArray[np.float32], name: str) -> None:
-    """An all-zero table has nothing to quantize: usually its trained values were never loaded."""
-    if not scales.any():
+def _check_not_all_zero(largest: float, name: str) -> None:
+    """``largest``: the table's largest scale. An all-zero table has nothing to quantize: usually its
+    trained values were never loaded."""
+    if largest == 0:
         raise DataError(f"{name} is all zeros, so there is nothing to quantize; load its trained values first "
                         "(all-zero rows, such as a padding row, are fine)")
 
