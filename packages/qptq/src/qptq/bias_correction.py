@@ -3,7 +3,8 @@
 With weight error ``e = W_q - W``, a layer's output moves on average by ``e · E[x]``. The
 calibration pass records ``E[x]`` per input channel (:class:`qptq.calibrate.ChannelMean`, a
 mergeable sum and count), and the correction ``e · E[x]`` per output channel is subtracted
-from the layer's bias (Nagel et al., "Data-Free Quantization", 2019, empirical variant). Conv borders (padding) are ignored.
+from the layer's bias (Nagel et al., "Data-Free Quantization", 2019, empirical variant).
+Conv borders (padding) are ignored.
 """
 
 from __future__ import annotations
