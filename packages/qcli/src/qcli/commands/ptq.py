@@ -14,9 +14,9 @@ import numpy as np
 
 from qcore.config import ROUND_TYPES
 from qcore.deploy import BACKEND_NAMES
-from qcore.deploy.verify import interleaved_latency, markdown_table, verify
+from qcore.deploy.verify import markdown_table, verify
 from qcore.errors import ConfigError, DataError, OutputError
-from qcore.inference import agreement, create_predictor, deployed_outputs, executor_outputs, top1
+from qcore.inference import agreement, create_predictor, deployed_outputs, executor_outputs, interleaved_latency, top1
 from qcore.model_io import ModelFiles, find_model_files
 from qcore.outputs import write_bytes
 from qcore.thresholds import PTQ_ALGO_CHOICES
