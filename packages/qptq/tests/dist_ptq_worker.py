@@ -49,6 +49,7 @@ def main() -> None:
     seen = {}
     if scenario == "main":
         seen["mismatch"] = run(out, rank, "mismatch", mine, algo="KL" if rank == 0 else "abs_max")
+        seen["other_model"] = run(out, rank, "other_model", mine, family="pir" if rank == 0 else "legacy")
         for algo in ("KL", "abs_max", "hist"):
             seen[algo] = run(out, rank, algo, mine, algo=algo)
         seen["legacy_KL"] = run(out, rank, "legacy_KL", mine, family="legacy", algo="KL")

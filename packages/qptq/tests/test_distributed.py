@@ -91,6 +91,15 @@ def test_different_settings_on_a_rank_are_refused_before_any_output(main_run):
         assert seen["mismatch"]["written"] == []
 
 
+def test_a_different_model_on_a_rank_is_refused_before_any_output(main_run):
+    _, out, (rank0, rank1) = main_run
+    for seen in (rank0, rank1):
+        assert seen["other_model"]["error"] == ("ConfigError: rank 1 and rank 0 disagree on the model: "
+                                                "family='legacy' on rank 1, 'pir' on rank 0; "
+                                                "load the same model on every rank")
+        assert seen["other_model"]["written"] == []
+
+
 def test_an_empty_shard_contributes_nothing(main_run):
     tmp, out, (rank0, rank1) = main_run
     calib, _ = load_demo_data("calib")

@@ -87,6 +87,13 @@ def main() -> None:
             QAT({"activation_bits": 8 if rank == 0 else 7}).quantize(build())
         except QuantError as exc:
             errors["mismatch"] = f"{type(exc).__name__}: {exc}"
+        other = build()
+        if rank == 1:
+            other.extra = nn.Linear(2, 2)  # a layer rank 0 does not have
+        try:
+            QAT().quantize(other)
+        except QuantError as exc:
+            errors["other_model"] = f"{type(exc).__name__}: {exc}"
     (out / f"errors_rank{rank}.json").write_text(json.dumps(errors))
 
 

@@ -108,3 +108,5 @@ def test_bad_order_and_mismatched_config_are_refused(runs):
                                                   "paddle.DataParallel(QAT(config).quantize(model))")
         assert errors["mismatch"] == ("ConfigError: rank 1 and rank 0 disagree on the QAT config: activation_bits=7 "
                                       "on rank 1, 8 on rank 0; pass the same config to QAT on every rank")
+        assert errors["other_model"] == ("ConfigError: rank 1 and rank 0 disagree on the model: extra='Linear' on "
+                                         "rank 1, '<missing>' on rank 0; build the same model on every rank")
