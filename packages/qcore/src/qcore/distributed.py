@@ -165,13 +165,16 @@ def digest_files(paths: Iterable[str | os.PathLike[str]]) -> str:
 def on_rank0(write: Callable[[], T], what: str, enabled: bool = True) -> T:
     """Run ``write`` on rank 0 only; every rank returns its result once it has finished.
 
-    The other ranks wait (one collective) and get rank 0's return value (it must be picklable);
+    Rank 0 starts once every rank has got here (so no rank is still using files ``write`` replaces
+    or removes, and a rank that died before stops rank 0 from writing). The other ranks then wait
+    and get rank 0's return value (it must be picklable);
     if ``write`` raised on rank 0, rank 0 re-raises it and the others raise
     :class:`DistributedError` naming it. In a single process (or ``enabled=False``) this is ``write()``.
     """
     rank, size = world()
     if size == 1 or not enabled:
         return write()
+    all_gather(None, f"the start of writing {what}")
     result: Any = None
     error: BaseException | None = None
     if rank == 0:
