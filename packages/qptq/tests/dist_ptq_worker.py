@@ -50,7 +50,7 @@ def main() -> None:
     if scenario == "main":
         seen["mismatch"] = run(out, rank, "mismatch", mine, algo="KL" if rank == 0 else "abs_max")
         seen["other_model"] = run(out, rank, "other_model", mine, family="pir" if rank == 0 else "legacy")
-        for algo in ("KL", "abs_max", "hist"):
+        for algo in ("KL", "abs_max", "hist", "auto"):
             seen[algo] = run(out, rank, algo, mine, algo=algo)
         seen["legacy_KL"] = run(out, rank, "legacy_KL", mine, family="legacy", algo="KL")
         seen["empty"] = run(out, rank, "empty", mine if rank == 0 else mine[:0], algo="KL")

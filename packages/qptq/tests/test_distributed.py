@@ -53,7 +53,7 @@ def main_run(tmp_path_factory):
     return tmp, out, ranks
 
 
-@pytest.mark.parametrize("case", ["KL", "abs_max", "hist", "legacy_KL"])
+@pytest.mark.parametrize("case", ["KL", "abs_max", "hist", "auto", "legacy_KL"])
 def test_sharded_equals_single_process_on_the_union(main_run, case):
     tmp, out, (rank0, rank1) = main_run
     family, algo = ("legacy", "KL") if case == "legacy_KL" else ("pir", case)

@@ -87,3 +87,6 @@ def test_kept_samples_come_from_the_lowest_ranks_first():
              _portable(Calibration({}, {}, {"x": [b]}, samples=4))]
     kept = np.concatenate(_merged(parts, keep_samples=8).activation_samples["x"])
     np.testing.assert_array_equal(kept[:, 0], [0, 1, 2, 3, 4, 5, 10, 11])
+    sent = _portable(Calibration({}, {}, {"x": [a[:3], a[3:]]}, samples=6), rows=4)["samples_of"]["x"]
+    np.testing.assert_array_equal(np.concatenate(sent)[:, 0], [0, 1, 2, 3])  # a rank sends only the rows needed
+    assert _portable(Calibration({}, {}, {"x": [a]}, samples=6), rows=0)["samples_of"] == {"x": []}

@@ -110,7 +110,14 @@ def calibrate_sharded(
                           channel_means=channel_means, keep_samples=keep_samples, observers=_seeded(ranges))
     except QuantError as exc:  # told to every rank, so none waits for this one
         problem = exc
-    parts = _gather_or_raise((None if local is None else _portable(local), problem), "calibration statistics")
+    summary = None if local is None else (_portable(local, rows=0), local.samples_kept)
+    gathered = _gather_or_raise((summary, problem), "calibration statistics")
+    parts = [part for part, _ in gathered]
+    if keep_samples and local is not None:  # kept samples: only the rows the lowest ranks need travel
+        room = max(0, keep_samples - sum(kept for _, kept in gathered[:rank]))
+        rows = all_gather(_portable(local, rows=room)["samples_of"], "kept activation samples")
+        for part, samples in zip(parts, rows):
+            part["samples_of"] = samples
     return _merged(parts, keep_samples)
 
 
@@ -137,13 +144,26 @@ def _seeded(ranges: dict[str, float]) -> dict[str, HistogramObserver]:
     return observers
 
 
-def _portable(c: Calibration) -> dict[str, Any]:
+def _portable(c: Calibration, rows: int | None = None) -> dict[str, Any]:
+    """``c`` as plain data for the exchange, with at most ``rows`` kept samples per activation (None: all)."""
     return {
         "observers": {n: o.state() for n, o in c.observers.items()},
         "channel_means": {n: (m.axis, m.total, m.count) for n, m in c.channel_means.items()},
-        "samples_of": {n: list(v) for n, v in c.activation_samples.items()},
+        "samples_of": {n: _first_rows(v, rows) for n, v in c.activation_samples.items()},
         "batches": c.batches, "samples": c.samples,
     }  # fmt: skip
+
+
+def _first_rows(chunks: list[np.ndarray], rows: int | None) -> list[np.ndarray]:
+    if rows is None:
+        return list(chunks)
+    kept = []
+    for chunk in chunks:
+        if rows <= 0:
+            break
+        kept.append(chunk[:rows])
+        rows -= len(kept[-1])
+    return kept
 
 
 def _merged(parts: list[dict[str, Any]], keep_samples: int) -> Calibration:
