@@ -62,7 +62,8 @@ def apply_rules(
             reason = FOR_FLOAT_CONV_REASON
         if reason is not None:
             float_ops.add(id(target.op.raw))
-            log.warning("%r left in float: %s", target.op, reason)
+            # a caller's own reason (e.g. each accuracy-budget candidate) is its business, not a warning
+            (log.debug if item.keep_float else log.warning)("%r left in float: %s", target.op, reason)
             results.append(Applied(item, left_float=reason))
             continue
         done = quantize_op(
