@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 import pytest
-from conftest import SAVE_ROUTES, StaticProgram
+from qembed_programs import SAVE_ROUTES, StaticProgram
 
 from qcore.errors import ConfigError, GraphError
 from qcore.graph import open_graph

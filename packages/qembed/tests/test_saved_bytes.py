@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 import pytest
-from conftest import SAVE_ROUTES
+from qembed_programs import SAVE_ROUTES
 
 from qcore.model_io import load_model
 from qembed import quant_embedding, quant_embedding_model
