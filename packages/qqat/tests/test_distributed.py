@@ -39,7 +39,7 @@ def runs(tmp_path_factory):
     proc = subprocess.run([sys.executable, str(WORKER), str(single_out)], cwd=tmp, env=env, capture_output=True,
                           text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return dist_out, single_out
+    return dist_out, single_out, tmp / "logs"
 
 
 def state(directory: Path, case: str, rank: int = 0) -> dict[str, np.ndarray]:
@@ -57,7 +57,7 @@ def quanter_keys(s: dict[str, np.ndarray]) -> list[str]:
 
 @pytest.mark.parametrize("case", FROZEN + TRAINED)
 def test_every_rank_holds_the_same_scales_and_parameters(runs, case):
-    dist_out, _ = runs
+    dist_out, _, _ = runs
     rank0, rank1 = state(dist_out, case, 0), state(dist_out, case, 1)
     assert rank0.keys() == rank1.keys() and len(quanter_keys(rank0)) >= 3
     for key in rank0:
@@ -67,7 +67,7 @@ def test_every_rank_holds_the_same_scales_and_parameters(runs, case):
 
 @pytest.mark.parametrize("case", FROZEN)
 def test_scales_equal_one_process_on_the_union_of_the_batches(runs, case):
-    dist_out, single_out = runs
+    dist_out, single_out, _ = runs
     merged, single = state(dist_out, case), state(single_out, case)
     assert merged.keys() == single.keys()
     for key in merged:
@@ -78,7 +78,7 @@ def test_scales_equal_one_process_on_the_union_of_the_batches(runs, case):
 def test_trained_scales_follow_one_process(runs, case):
     """With training, the first layer's input scale (data only) is exact; the rest match to float
     rounding: DataParallel averages per-rank gradients, one process sums in another order."""
-    dist_out, single_out = runs
+    dist_out, single_out, _ = runs
     merged, single = state(dist_out, case), state(single_out, case)
     first = [k for k in merged if k.startswith("conv1.act_quanter.") and not k.endswith("initialized")]
     assert first
@@ -92,7 +92,7 @@ def test_trained_scales_follow_one_process(runs, case):
 
 @pytest.mark.parametrize("case", EXPORTED)
 def test_rank0_writes_what_any_rank_would(runs, case):
-    dist_out, single_out = runs
+    dist_out, single_out, _ = runs
     shared = files(dist_out / case)
     assert set(shared) == {"model.json", "model.pdiparams"}
     assert files(dist_out / f"{case}_own0") == files(dist_out / f"{case}_own1")
@@ -101,7 +101,7 @@ def test_rank0_writes_what_any_rank_would(runs, case):
 
 
 def test_bad_order_and_mismatched_config_are_refused(runs):
-    dist_out, _ = runs
+    dist_out, _, _ = runs
     for rank in (0, 1):
         errors = json.loads((dist_out / f"errors_rank{rank}.json").read_text())
         assert errors["reverse_order"].startswith("quantize the model before wrapping it: "
@@ -110,3 +110,12 @@ def test_bad_order_and_mismatched_config_are_refused(runs):
                                       "on rank 1, 8 on rank 0; pass the same config to QAT on every rank")
         assert errors["other_model"] == ("ConfigError: rank 1 and rank 0 disagree on the model: extra='Linear' on "
                                          "rank 1, '<missing>' on rank 0; build the same model on every rank")
+
+
+def test_a_per_rank_state_difference_is_named_and_rank0_saves(runs):
+    """Batch-norm running statistics stay per rank under DataParallel: the export comparison says so."""
+    dist_out, _, logs = runs
+    for rank in (0, 1):
+        log = (logs / f"workerlog.{rank}").read_text()
+        assert log.count("the quantized export of rank(s) [1] differs from rank 0's") == 1  # the other cases agree
+    assert set(files(dist_out / "bn")) == {"model.json", "model.pdiparams"}
