@@ -54,6 +54,10 @@ def main() -> None:
             seen[algo] = run(out, rank, algo, mine, algo=algo)
         seen["legacy_KL"] = run(out, rank, "legacy_KL", mine, family="legacy", algo="KL")
         seen["empty"] = run(out, rank, "empty", mine if rank == 0 else mine[:0], algo="KL")
+        bad = mine.copy()
+        if rank == 1:
+            bad[15, 0, 3, 3] = float("nan")  # rank 1's second batch holds a NaN
+        seen["bad"] = run(out, rank, "bad", bad, algo="KL")
     elif scenario == "dies":
         def dying():
             for i, img in enumerate(mine):

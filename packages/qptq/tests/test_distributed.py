@@ -100,6 +100,14 @@ def test_a_different_model_on_a_rank_is_refused_before_any_output(main_run):
         assert seen["other_model"]["written"] == []
 
 
+def test_bad_data_on_one_rank_stops_every_rank_by_name(main_run):
+    _, out, (rank0, rank1) = main_run
+    assert rank1["bad"]["error"].startswith("DataError: ") and "NaN" in rank1["bad"]["error"]
+    assert rank0["bad"]["error"].startswith("DistributedError: rank 0: stopped because rank 1 failed during "
+                                            "calibration statistics: DataError: ")
+    assert rank0["bad"]["written"] == rank1["bad"]["written"] == []
+
+
 def test_an_empty_shard_contributes_nothing(main_run):
     tmp, out, (rank0, rank1) = main_run
     calib, _ = load_demo_data("calib")
