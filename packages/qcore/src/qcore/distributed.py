@@ -96,7 +96,7 @@ def all_gather(obj: Any, what: str) -> list[Any]:
     except Exception as exc:  # gloo/NCCL report a lost peer as a bare runtime error
         raise DistributedError(
             f"rank {rank}: exchanging {what} with the other {size - 1} rank(s) failed "
-            f"({_first_line(exc)}); a rank has probably stopped, see its log; nothing was written"
+            f"({_first_line(exc)}); a rank has probably stopped, see its log"
         ) from exc
     return gathered
 

@@ -81,6 +81,14 @@ def calibrate_sharded(
     if ptq.budget is not None:
         raise ConfigError("an accuracy budget is not supported with sharded calibration (each rank would score its "
                           "own batches); run it in one process or pass distributed=False")
+    try:
+        return _calibrate_ranks(ptq, graph, targets, batches, progress, channel_means, keep_samples)
+    except DistributedError as exc:  # before any output: say so
+        raise DistributedError(f"{exc}; nothing was written") from exc
+
+
+def _calibrate_ranks(ptq: Any, graph: Graph, targets: list[OpTarget], batches: Iterable[dict[str, np.ndarray]],
+                     progress: bool, channel_means: dict[str, ChannelMean] | None, keep_samples: int) -> Calibration:
     check_same("quantization settings", settings(ptq), "pass the same arguments on every rank")
     check_same("model", model_identity(ptq), "load the same model on every rank")
     rank, _ = world()
