@@ -5,8 +5,10 @@ import paddle
 import pytest
 
 from qcore.errors import ConfigError
+from qcore.observers import MovingAverageAbsMaxObserver, RangeAbsMaxObserver
 from qcore.quant import fake_quantize
 from qqat import __version__, fake_quantize_ste, pact_clip
+from qqat.quanters import FakeQuanter
 
 
 def _t(values, grad: bool = False) -> paddle.Tensor:
@@ -82,3 +84,19 @@ def test_pact_alpha_learns_larger_clip() -> None:
 def test_bad_bits_raise_config_error(bits) -> None:
     with pytest.raises(ConfigError):
         fake_quantize_ste(_t([0.1]), 1.0, bits=bits)
+
+
+@pytest.mark.parametrize(("kind", "observer"), [
+    ("moving_average_abs_max", MovingAverageAbsMaxObserver(moving_rate=0.8)),
+    ("range_abs_max", RangeAbsMaxObserver(window_size=3)),
+])
+def test_training_quanters_keep_the_threshold_qcores_observers_compute(kind, observer) -> None:
+    """QAT's stateful quanters and qcore's observers are one model of the statistic: same batches, same threshold."""
+    quanter = FakeQuanter(kind, 8, moving_rate=0.8, window_size=3)
+    quanter.train()
+    rng = np.random.default_rng(4)
+    for scale in (1.0, 5.0, 0.5, 2.0, 0.25):
+        batch = (rng.standard_normal((4, 3, 5, 5)) * scale).astype("float32")
+        quanter(paddle.to_tensor(batch))
+        observer.update(batch)
+        assert float(quanter.export_threshold()[0]) == pytest.approx(observer.threshold(), rel=1e-6)

@@ -190,6 +190,15 @@ class MinMaxObserver(Observer):
         return max(abs(self.min), abs(self.max))
 
 
+def moving_average_update(accum: Any, weight: Any, batch_abs_max: Any, rate: float) -> tuple[Any, Any]:
+    """One batch of Paddle's moving-average abs max: the new ``(accum, weight)``; threshold ``accum / weight``.
+
+    The one definition of the rule: numbers, numpy arrays and paddle tensors alike (QAT's
+    ``moving_average_abs_max`` quanters run it on their buffers).
+    """
+    return rate * accum + batch_abs_max, rate * weight + 1.0
+
+
 class MovingAverageAbsMaxObserver(Observer):
     """Paddle's moving-average abs max: per batch ``accum = rate*accum + absmax``, ``weight = rate*weight + 1``.
 
@@ -213,8 +222,8 @@ class MovingAverageAbsMaxObserver(Observer):
 
     def update(self, array: ArrayLike) -> None:
         a = as_finite(array)
-        self.accum = self.moving_rate * self.accum + float(np.abs(a).max())
-        self.weight = self.moving_rate * self.weight + 1.0
+        self.accum, self.weight = moving_average_update(self.accum, self.weight, float(np.abs(a).max()),
+                                                        self.moving_rate)
         self.count += a.size
 
     def _merge(self, other: MovingAverageAbsMaxObserver) -> None:

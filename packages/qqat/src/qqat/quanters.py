@@ -6,8 +6,8 @@ quantize types is where the threshold comes from:
 
 * ``abs_max``: the abs max of the current tensor (per tensor);
 * ``channel_wise_abs_max``: the abs max of the current tensor per output channel;
-* ``moving_average_abs_max``: Paddle's decayed average, ``accum = rate*accum + absmax``,
-  ``state = rate*state + 1``, threshold ``accum / state``;
+* ``moving_average_abs_max``: Paddle's decayed average (:func:`qcore.observers.moving_average_update`,
+  the rule qcore's observer runs too), threshold ``accum / state``;
 * ``range_abs_max``: the max of the per-batch abs max over the last ``window_size`` batches.
 
 Activations update the state in training and use the stored threshold in eval, so eval
@@ -32,6 +32,7 @@ import paddle
 from paddle import nn
 
 from qcore.distributed import active, all_reduce_max
+from qcore.observers import moving_average_update
 from qcore.quant import qmax
 
 from .fake_quant import fake_quantize_ste, pact_clip
@@ -91,8 +92,9 @@ class FakeQuanter(nn.Layer):
         if self.kind in STATELESS:
             return current
         if self.kind == "moving_average_abs_max":
-            paddle.assign(self.moving_rate * self.accum + current, self.accum)
-            paddle.assign(self.moving_rate * self.state + 1.0, self.state)
+            accum, state = moving_average_update(self.accum, self.state, current, self.moving_rate)
+            paddle.assign(accum, self.accum)
+            paddle.assign(state, self.state)
             return self.accum / self.state
         slot = int(self.seen.item()) % self.window_size
         self.window[slot] = current[0]
