@@ -11,6 +11,7 @@ import numpy as np
 
 from qcore.inference import evaluate
 from qcore.model_io import ModelFiles, find_model_files
+from qcore.thresholds import PTQ_ALGO_CHOICES
 
 from ..plugins import require
 
@@ -18,7 +19,8 @@ from ..plugins import require
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="quantize the bundled demo model and compare it with the float one")
     p.add_argument("--family", choices=["legacy", "pir"], default="legacy", help="IR family of the demo model")
-    p.add_argument("--algo", default="KL", help="activation threshold algorithm (KL, abs_max, hist, mse, avg, emd)")
+    p.add_argument("--algo", default="kl", type=str.lower, choices=PTQ_ALGO_CHOICES,
+                   help="activation threshold algorithm (default kl)")
     p.add_argument("--calib-samples", type=int, default=200, help="calibration images (from the calib split)")
     p.add_argument("--out", type=Path, default=None, help="where to keep the quantized model (default: a temp dir)")
     p.set_defaults(run=run)
