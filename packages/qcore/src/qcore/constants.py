@@ -5,11 +5,15 @@ The three op-type tables keep the names and values given in the PaddleSlim docum
 is a tuple so no caller can change a value another caller relies on. Copy with ``list(...)``
 when a mutable list is needed.
 
-Op names are those of the legacy ProgramDesc (``conv2d``, ``mul``, ...). The graph backends
-translate them to PIR names (``pd_op.conv2d``, ...) through their own table.
+Op names are those of the legacy ProgramDesc (``conv2d``, ``mul``, ...). The op-type tables
+are read off :data:`qcore.optable.OP_TABLE` (by kind, in its order), which also translates
+each name to the PIR names (``pd_op.conv2d``, ...); only ``TENSORRT_OP_TYPES``, a config
+value of the seeds rather than a fact about ops, is written out.
 """
 
 from __future__ import annotations
+
+from .optable import FC, LOOKUP, activation_kinds, seed_types, weighted_kinds
 
 # Op types quantized when a model is meant for TensorRT (config key ``for_tensorrt``).
 TENSORRT_OP_TYPES: tuple[str, ...] = (
@@ -24,21 +28,15 @@ TENSORRT_OP_TYPES: tuple[str, ...] = (
 # Ops with a weight: the weight and the activation input are both quantized.
 # Seed 000 (the current page) lists 'conv2d_transpose'; the older seed 001 has only
 # ['conv2d', 'depthwise_conv2d', 'mul']. We follow 000.
-TRANSFORM_PASS_OP_TYPES: tuple[str, ...] = ("conv2d", "depthwise_conv2d", "mul", "conv2d_transpose")
+TRANSFORM_PASS_OP_TYPES: tuple[str, ...] = seed_types(*weighted_kinds(), seed=True)
 
 # Ops without a weight: only their activation inputs get a quantize/dequantize pair.
-QUANT_DEQUANT_PASS_OP_TYPES: tuple[str, ...] = (
-    "pool2d", "elementwise_add", "concat", "softmax", "argmax", "transpose",
-    "equal", "gather", "greater_equal", "greater_than", "less_equal",
-    "less_than", "mean", "not_equal", "reshape", "reshape2",
-    "bilinear_interp", "nearest_interp", "trilinear_interp", "slice",
-    "squeeze", "elementwise_sub", "relu", "relu6", "leaky_relu", "tanh", "swish",
-)  # fmt: skip
+QUANT_DEQUANT_PASS_OP_TYPES: tuple[str, ...] = seed_types(*activation_kinds(), seed=True)
 
 # Not in the seeds. Since Paddle 2, paddle.nn.Linear and fc are exported as 'matmul_v2'
 # (older programs: 'matmul') instead of 'mul', so a Paddle 3 model often has no 'mul' op
 # at all. Accepting these names lets users quantize their Linear layers.
-MATMUL_OP_TYPES: tuple[str, ...] = ("matmul", "matmul_v2")
+MATMUL_OP_TYPES: tuple[str, ...] = seed_types(FC, seed=False)
 
 # Every value accepted in the config key ``quantize_op_types``.
 SUPPORTED_QUANTIZE_OP_TYPES: tuple[str, ...] = (
@@ -70,7 +68,7 @@ QUANTIZABLE_LAYER_TYPES: tuple[str, ...] = ("Conv2D", "Linear", "Conv2DTranspose
 PTQ_ALGOS: tuple[str, ...] = ("KL", "abs_max", "direct", "hist", "mse", "avg", "emd")
 
 # quant_embedding: op types whose table can be quantized, and the quantize types.
-EMBEDDING_OP_TYPES: tuple[str, ...] = ("lookup_table", "fused_embedding_seq_pool", "pyramid_hash")
+EMBEDDING_OP_TYPES: tuple[str, ...] = seed_types(LOOKUP, seed=True)
 EMBEDDING_QUANTIZE_TYPES: tuple[str, ...] = ("abs_max", "log")
 
 __all__ = [

@@ -13,12 +13,9 @@ import numpy as np
 
 from qcore.deploy import OpTarget
 from qcore.graph import Graph, QuantizedWeight
+from qcore.optable import CONV_KINDS, kind_of
 
 from .calibrate import ChannelMean
-
-CONV_KINDS = ("conv2d", "depthwise_conv2d")
-FC_KINDS = ("mul", "matmul", "matmul_v2")
-CORRECTABLE = (*CONV_KINDS, *FC_KINDS)
 
 
 def output_shift(
@@ -41,12 +38,12 @@ def output_shift(
 
 
 def input_means(targets: list[OpTarget]) -> dict[str, ChannelMean]:
-    """A channel-mean accumulator for the input of every conv and fc whose bias can be corrected."""
+    """A channel-mean accumulator for the input of every op whose kind has a bias-correction axis."""
     means = {}
     for target in targets:
-        kind = target.op.seed_type
-        if target.weight is not None and target.activations and kind in CORRECTABLE:
-            means[target.activations[0].name] = ChannelMean(axis=1 if kind in CONV_KINDS else -1)
+        kind = kind_of(target.op.seed_type)
+        if target.weight is not None and target.activations and kind is not None and kind.bias_axis is not None:
+            means[target.activations[0].name] = ChannelMean(axis=kind.bias_axis)
     return means
 
 
@@ -55,7 +52,7 @@ def correct_bias(graph: Graph, target: OpTarget, stored: QuantizedWeight, mean: 
     bias = graph.bias_operand(target.op)
     if bias is None or target.weight is None:  # no bias to absorb the shift
         return None
-    conv = target.op.seed_type in CONV_KINDS
+    conv = kind_of(target.op.seed_type) in CONV_KINDS
     transposed = not conv and graph.weight_channel_axis(target.op) == 0
     shift = output_shift(graph.get_param(target.weight.name), stored.dequantized(), mean.mean, conv=conv,
                          transposed=transposed)

@@ -18,11 +18,13 @@ from qcore.deploy import get_target
 from qcore.errors import ConfigError
 from qcore.graph import open_graph
 from qcore.model_io import ModelFiles, check_model_output, load_model
+from qcore.optable import seed_types, weighted_kinds
 
 from .naming import output_names
 
 log = logging.getLogger(__name__)
-DYNAMIC_OP_TYPES = ("conv2d", "depthwise_conv2d", "mul", "conv2d_transpose", "matmul", "matmul_v2")
+#: Every op type with a quantizable weight (conv, fc, ...; embedding tables are :mod:`qembed`'s).
+DYNAMIC_OP_TYPES = seed_types(*weighted_kinds())
 
 
 def quant_post_dynamic(

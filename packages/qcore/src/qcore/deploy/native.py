@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..graph.optable import OP_TABLE
+from ..optable import OP_TABLE
 from .base import DeployTarget
 
 if TYPE_CHECKING:

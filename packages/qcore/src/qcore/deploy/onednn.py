@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import GraphError
+from ..optable import CONV, DEPTHWISE, FC, backend_names_of, kind_of, seed_types
 from ..quant import abs_max, fake_quantize
 from . import host
 from .base import DeployTarget, ModelRules, OpTarget, residual_joins
@@ -83,7 +84,6 @@ INT8_WEIGHT_UNSUPPORTED = {
 #: A legacy fc stays float when oneDNN's effective weight error exceeds ours by more than this
 #: (relative Frobenius error; the demo's fc: 2.0 % vs 0.5 %, PP-OCRv4 rec's: 6-20 % vs 0.7 %).
 FC_TOLERANCE = 0.02
-_FC_KINDS = ("mul", "matmul", "matmul_v2")
 
 
 def int8_weight_problem(
@@ -97,7 +97,7 @@ def int8_weight_problem(
     if op.seed_type in INT8_WEIGHT_UNSUPPORTED:
         return INT8_WEIGHT_UNSUPPORTED[op.seed_type]
     axis = graph.weight_channel_axis(op)
-    if op.seed_type not in _FC_KINDS or axis != 1:
+    if kind_of(op.seed_type) is not FC or axis != 1:
         return None
     w = graph.get_param(weight.name)
     ours = fake_quantize(w, abs_max(w, axis if per_channel else None), bits, axis if per_channel else None)
@@ -198,8 +198,8 @@ class _Dataflow:
         return False
 
 
-_FUSING_CONVS = frozenset({"conv2d", "depthwise_conv2d"})
-_FC_OPS = frozenset({"mul", "matmul", "matmul_v2"})
+_FUSING_CONVS = backend_names_of(seed_types(CONV, DEPTHWISE), "legacy")
+_FC_OPS = backend_names_of(seed_types(FC), "legacy")
 #: Activations ``conv_activation_onednn_fuse_pass`` / ``fc_act_onednn_fuse_pass`` fold into the op before.
 _FUSED_ACTIVATIONS = frozenset({
     "relu", "relu6", "hard_swish", "swish", "sigmoid", "tanh", "leaky_relu", "hard_sigmoid", "gelu", "mish", "abs",

@@ -5,9 +5,9 @@ primitives; :func:`open_graph`, the one place that knows both backends, picks on
 """
 
 from ..model_io import Model
+from ..optable import OP_TABLE, OpKind, OpSpec, backend_names
 from .base import Graph, Operand, OpRef, QuantizedWeight
 from .legacy import LegacyGraph
-from .optable import OP_TABLE, OpSpec, backend_names
 from .pir import PirGraph
 from .rewrite import OpQuantization, quantize_op
 
@@ -21,6 +21,7 @@ __all__ = [
     "OP_TABLE",
     "Graph",
     "OpQuantization",
+    "OpKind",
     "OpRef",
     "OpSpec",
     "Operand",

@@ -19,9 +19,9 @@ import paddle
 
 from ..errors import GraphError
 from ..model_io import Model, ModelFiles, save_model
+from ..optable import OP_TABLE, backend_names, spec
 from ..paddle_env import static_mode
 from ..quant import abs_max, dequantize, qmax, quantize, scale_from_threshold
-from .optable import OP_TABLE, backend_names, spec
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ class Graph(ABC):
         entry = OP_TABLE.get(op.seed_type or "")
         if entry is None or entry.weight_channel_axis is None:
             return None
-        if entry.weight_slot == ("Y", "y") and self._weight_transposed(op):
+        if entry.kind.transposable and self._weight_transposed(op):
             return 0
         return entry.weight_channel_axis
 

@@ -14,9 +14,9 @@ import numpy as np
 from paddle.base import core
 
 from ..model_io import Model
+from ..optable import CONV_TYPES
 from ..quant import qmax, scale_from_threshold
 from .base import Graph, Operand, OpRef, QuantizedWeight
-from .optable import CONV_TYPES
 
 _FLOATS = (core.VarDesc.VarType.FP32, core.VarDesc.VarType.FP64, core.VarDesc.VarType.FP16)
 _INT_DTYPES = {8: core.VarDesc.VarType.INT8, 16: core.VarDesc.VarType.INT16}

@@ -24,9 +24,9 @@ import paddle
 
 from ..errors import GraphError
 from ..model_io import Model
+from ..optable import CONV_TYPES
 from ..quant import scale_from_threshold
 from .base import Graph, Operand, OpRef, QuantizedWeight
-from .optable import CONV_TYPES
 
 _PARAM_OP = "builtin.parameter"
 _FLOAT_DTYPES = (paddle.float32, paddle.float64, paddle.float16, paddle.bfloat16)
