@@ -21,7 +21,7 @@ import paddle
 from qcore.deploy import OpTarget
 from qcore.graph import Graph
 from qcore.graph.replay import LayerReplay, replayable
-from qcore.quant import fake_quantize
+from qcore.quant import qmax
 from qcore.thresholds import ALGOS
 
 AUTO = "auto"
@@ -61,7 +61,7 @@ def choose_thresholds(
             kept = samples.get(name)
             if not kept:
                 continue
-            x = np.concatenate(kept)
+            x = np.ascontiguousarray(np.concatenate(kept), dtype=np.float32)
             layers = [_Layer(graph, t) if replayable(graph, t.op) else None for t in readers.get(name, [])]
             references = [layer.run(x) if layer else x for layer in layers] or [x]
             errors: dict[str, float] = {}
@@ -71,9 +71,9 @@ def choose_thresholds(
                 if t <= 0:
                     continue
                 if t not in by_threshold:
-                    xq = fake_quantize(x, t, bits)
+                    xq = _fake_quantize(x, t, bits)
                     outputs = [layer.run(xq) if layer else xq for layer in layers] or [xq]
-                    by_threshold[t] = sum(relative_error(y, r) for y, r in zip(outputs, references))
+                    by_threshold[t] = sum(_relative_error(y, r) for y, r in zip(outputs, references))
                 errors[algo] = by_threshold[t]
             if not errors:
                 continue
@@ -81,6 +81,21 @@ def choose_thresholds(
             algos[AUTO] = algos[best]
             choices[name] = AutoChoice(best, errors)
     return choices
+
+
+def _fake_quantize(x: np.ndarray, threshold: float, bits: int) -> np.ndarray:
+    """:func:`qcore.quant.fake_quantize` in float32 (the replayed layers run in float32 anyway)."""
+    top = qmax(bits)
+    scale = np.float32(threshold / top)
+    return np.clip(np.rint(x / scale), -top, top) * scale
+
+
+def _relative_error(y: np.ndarray, reference: np.ndarray) -> float:
+    """:func:`relative_error` with float32 dot products (a few times faster on large activations)."""
+    d, r = (y - reference).ravel(), reference.ravel()
+    norm = float(np.dot(r, r))
+    diff = float(np.dot(d, d))
+    return diff / norm if norm > 0 else diff
 
 
 class _Layer:
@@ -92,4 +107,4 @@ class _Layer:
         self.weight = paddle.to_tensor(graph.get_param(target.weight.name))
 
     def run(self, x: np.ndarray) -> np.ndarray:
-        return self.replay(paddle.to_tensor(np.ascontiguousarray(x, dtype=np.float32)), self.weight).numpy()
+        return self.replay(paddle.to_tensor(x), self.weight).numpy()
