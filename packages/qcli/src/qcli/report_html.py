@@ -48,12 +48,13 @@ def _candidates_plot(budget: dict[str, Any]) -> str:
         axis.axhline(budget["limit"], color="#999999", ls="--", label="budget")
     axis.set_xlabel("layers kept float (most sensitive first)")
     axis.set_ylabel(budget["metric"])
+    handles = axis.get_legend_handles_labels()[0]
     measured = [(c["float_layers"], c["measured"]) for c in candidates if "measured" in c]
     if measured:
         other = axis.twinx()
-        other.plot(*zip(*measured), "s--", color="#c55a11", label="latency / float")
+        handles += other.plot(*zip(*measured), "s--", color="#c55a11", label="latency / float (right axis)")
         other.set_ylabel("latency relative to float", color="#c55a11")
-    axis.legend(loc="best", fontsize=8)
+    axis.legend(handles=handles, loc="best", fontsize=8)
     return _png(figure)
 
 
