@@ -143,6 +143,19 @@ def check_paddleslim_keywords(onnx_format: bool | None, round_type: str) -> None
     validate_choice("round_type", round_type, ROUND_TYPES)
 
 
+def effective_op_types(
+    op_types: Sequence[str], is_full_quantize: bool, for_tensorrt: bool = False
+) -> tuple[str, ...]:
+    """The op types that get quantized: TENSORRT_OP_TYPES if ``for_tensorrt``, else all of
+    TRANSFORM_PASS_OP_TYPES + QUANT_DEQUANT_PASS_OP_TYPES if ``is_full_quantize``, else
+    ``op_types`` (the seeds' order of precedence)."""
+    if for_tensorrt:
+        return TENSORRT_OP_TYPES
+    if is_full_quantize:
+        return TRANSFORM_PASS_OP_TYPES + QUANT_DEQUANT_PASS_OP_TYPES
+    return tuple(op_types)
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
@@ -288,14 +301,8 @@ class QuantConfig:
 
     @property
     def effective_op_types(self) -> tuple[str, ...]:
-        """The op types that get quantized: TENSORRT_OP_TYPES if ``for_tensorrt``, else all of
-        TRANSFORM_PASS_OP_TYPES + QUANT_DEQUANT_PASS_OP_TYPES if ``is_full_quantize``, else
-        ``quantize_op_types`` (the seeds' order of precedence)."""
-        if self.for_tensorrt:
-            return TENSORRT_OP_TYPES
-        if self.is_full_quantize:
-            return TRANSFORM_PASS_OP_TYPES + QUANT_DEQUANT_PASS_OP_TYPES
-        return self.quantize_op_types
+        """The op types that get quantized (:func:`effective_op_types`)."""
+        return effective_op_types(self.quantize_op_types, self.is_full_quantize, self.for_tensorrt)
 
 
 def _listify(value: Any) -> Any:
@@ -311,6 +318,7 @@ __all__ = [
     "STATIC_CONFIG_KEYS",
     "QuantConfig",
     "_quant_config_default",
+    "effective_op_types",
     "short_repr",
     "validate_bits",
     "validate_choice",

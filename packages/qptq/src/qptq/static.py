@@ -18,32 +18,23 @@ from typing import Any
 
 import numpy as np
 
-from qcore.config import check_paddleslim_keywords, validate_bits, validate_choice, validate_names
-from qcore.constants import (
-    ACTIVATION_QUANTIZE_TYPES,
-    QUANT_DEQUANT_PASS_OP_TYPES,
-    TRANSFORM_PASS_OP_TYPES,
-    WEIGHT_QUANTIZE_TYPES,
-)
-from qcore.deploy import OpTarget, find_targets, get_target
+from qcore.deploy import OpTarget, find_targets
 from qcore.deploy.apply import RUNS_FLOAT_NOTE, Applied, Planned, apply_rules
 from qcore.deploy.base import mark_model
-from qcore.deploy.onednn import OneDnnTarget
 from qcore.distributed import on_rank0
-from qcore.errors import ConfigError
 from qcore.graph import Graph, open_graph
 from qcore.graph.replay import LayerReplay, replayable
 from qcore.model_io import ModelFiles, check_model_output, load_model
 from qcore.outputs import write_bytes
-from qcore.thresholds import LAYERWISE_ALGOS, canonical_algo, thresholds_all_algos
+from qcore.thresholds import thresholds_all_algos
 
 from .adaround import AdaRounded, adaround
 from .auto import AUTO, AutoChoice, choose_thresholds
 from .bias_correction import correct_bias, input_means
-from .budget import Budget, EvalFunction, Search, output_error, score_of, smallest_within
+from .budget import EvalFunction, Search, output_error, score_of, smallest_within
 from .budget import report as budget_report
 from .calibrate import Calibration, run_batches
-from .data import check_batch_arguments, feed_batches
+from .config import PTQConfig
 from .naming import output_names
 from .sharded import calibrate_sharded
 
@@ -59,8 +50,11 @@ class PostTrainingQuantization:
     """Calibrate on sample data, then quantize weights and activations of the chosen ops.
 
     Differences from PaddleSlim: ``executor``/``scope`` are optional (each loaded model has
-    its own scope on the CPU); statistics stream, so ``is_use_cache_file`` only checkpoints
-    observer state to ``cache_dir`` (a JSON file, removed afterwards) instead of samples.
+    its own scope on the CPU; a ``scope`` is warned about); statistics stream, so
+    ``is_use_cache_file`` only checkpoints observer state to ``cache_dir`` (a JSON file,
+    removed afterwards) instead of samples. The keywords become one validated
+    :class:`~qptq.config.PTQConfig` (:attr:`config`); its settings read as attributes too
+    (``ptq.algo``, ``ptq.op_types``, ...). :meth:`from_config` starts from a built one.
     """
 
     def __init__(
@@ -104,63 +98,34 @@ class PostTrainingQuantization:
         measure_candidate: Callable[[ModelFiles], float] | None = None,
         distributed: bool = True,
     ) -> None:
-        if model_dir is None:
-            raise ConfigError("model_dir is required: the directory (or path prefix) of the float model")
-        check_batch_arguments((sample_generator, batch_generator, data_loader), batch_size, batch_nums)
-        validate_names("quantizable_op_type", quantizable_op_type)
-        if isinstance(hist_percent, bool) or not isinstance(hist_percent, (int, float)) or not 0 < hist_percent <= 1:
-            raise ConfigError(f"hist_percent={hist_percent!r} is not valid; valid choices: a number in (0, 1]")
-        validate_choice("activation_quantize_type", activation_quantize_type, ACTIVATION_QUANTIZE_TYPES)
-        validate_choice("weight_quantize_type", weight_quantize_type, WEIGHT_QUANTIZE_TYPES[:2])
-        check_paddleslim_keywords(onnx_format, round_type)
-        self.round_type = round_type
-        self.budget = Budget.from_options(eval_function, max_metric_drop, max_output_error, max_float_layers,
-                                          max_evaluations, measure_candidate)
-        self.target = get_target(deploy_backend)
-        self.deploy_backend = None if deploy_backend is None else self.target.name
-        if isinstance(self.target, OneDnnTarget) and not onednn_fallback:
-            self.target = OneDnnTarget(fallback=False)
-        self.skip_tensors = set(skip_tensor_list or ())
-        self.weight_bits = validate_bits("weight_bits", weight_bits, 2, 16)
-        self.activation_bits = validate_bits("activation_bits", activation_bits, 2, 16)
-        self.algo = canonical_algo(algo, extra=LAYERWISE_ALGOS)
-        self.hist_percent = hist_percent
-        self.per_channel = weight_quantize_type == "channel_wise_abs_max"
-        self.op_types = (
-            list(TRANSFORM_PASS_OP_TYPES) + list(QUANT_DEQUANT_PASS_OP_TYPES)
-            if is_full_quantize
-            else list(quantizable_op_type)
-        )
-        self.optimize_model = optimize_model
-        self.skip_patterns = list(skip_patterns)
-        self.cache_file = Path(cache_dir) / "observers.json" if is_use_cache_file else None
-        self.bias_correction = bias_correction
-        self.onednn_fallback = onednn_fallback
-        self.residual_add = residual_add
-        self.progress = progress
-        self.distributed = distributed  # under paddle.distributed: merge every rank's calibration, rank 0 saves
-        self.model = load_model(model_dir, model_filename, params_filename)
-        reason = self.target.accepts(self.model.source.model_file if self.model.source else "")
-        if self.deploy_backend is not None and reason is not None:
-            raise ConfigError(f"deploy_backend={deploy_backend!r}: {reason}")
-        problem = self.target.bits_problem(self.weight_bits, self.activation_bits, self.model.family)
-        if problem is not None:
-            raise ConfigError(f"weight_bits={weight_bits}, activation_bits={activation_bits}: {problem}")
-        if executor is not None:
-            self.model.executor = executor
-        self._batches = lambda: feed_batches(
-            self.model.feed_names,
-            sample_generator=sample_generator,
-            batch_generator=batch_generator,
-            data_loader=data_loader,
-            batch_size=batch_size,
-            batch_nums=batch_nums,
-            specs=self.model.feed_specs(),
-        )
+        self._start(PTQConfig.from_call(locals()))
+
+    @classmethod
+    def from_config(cls, config: PTQConfig) -> PostTrainingQuantization:
+        """The quantizer of a built :class:`~qptq.config.PTQConfig` (loads its model)."""
+        ptq = cls.__new__(cls)
+        ptq._start(config)
+        return ptq
+
+    def _start(self, config: PTQConfig) -> None:
+        self.config = config
+        self.model = load_model(config.model_dir, config.model_filename, config.params_filename)
+        config.check_model(self.model)
+        if config.executor is not None:
+            self.model.executor = config.executor
         self.graph: Graph | None = None
         self.report: dict[str, Any] = {}
         self._auto: dict[str, AutoChoice] = {}
         self._rounded: dict[int, AdaRounded] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        """A setting of :attr:`config` (``ptq.algo``, ``ptq.weight_bits``, ``ptq.target``, ...)."""
+        if name == "config":  # not set yet: no recursion
+            raise AttributeError(name)
+        return getattr(self.config, name)
+
+    def _batches(self) -> Iterable[dict[str, np.ndarray]]:
+        return self.config.batches(self.model)
 
     def quantize(self) -> Any:
         """Calibrate and rewrite; returns the quantized program."""
@@ -441,21 +406,7 @@ def quant_post_static(
     statistics are merged (every rank gets the same thresholds) and rank 0 alone writes the model
     (:mod:`qptq.sharded`); ``distributed=False`` makes each rank work alone.
     """
-    ptq = PostTrainingQuantization(
-        executor=executor, sample_generator=sample_generator, model_dir=model_dir,
-        model_filename=model_filename, params_filename=params_filename, batch_generator=batch_generator,
-        data_loader=data_loader, batch_size=batch_size, batch_nums=batch_nums, scope=scope, algo=algo,
-        hist_percent=hist_percent, quantizable_op_type=quantizable_op_type, is_full_quantize=is_full_quantize,
-        weight_bits=weight_bits, activation_bits=activation_bits,
-        activation_quantize_type=activation_quantize_type, weight_quantize_type=weight_quantize_type,
-        optimize_model=optimize_model, is_use_cache_file=is_use_cache_file, cache_dir=cache_dir,
-        skip_patterns=skip_patterns, bias_correction=bias_correction,
-        onednn_fallback=onednn_fallback, residual_add=residual_add, progress=progress,
-        deploy_backend=deploy_backend, onnx_format=onnx_format, round_type=round_type,
-        skip_tensor_list=skip_tensor_list, eval_function=eval_function, max_metric_drop=max_metric_drop,
-        max_output_error=max_output_error, max_float_layers=max_float_layers, max_evaluations=max_evaluations,
-        measure_candidate=measure_candidate, distributed=distributed,
-    )
+    ptq = PostTrainingQuantization.from_config(PTQConfig.from_call(locals()))
     family = ptq.model.family
     check_model_output(quantize_model_path, family, *output_names(family, save_model_filename, save_params_filename),
                        ptq.model.source)  # before calibration: a bad output fails in a second, not after
