@@ -124,9 +124,6 @@ class PostTrainingQuantization:
             raise AttributeError(name)
         return getattr(self.config, name)
 
-    def _batches(self) -> Iterable[dict[str, np.ndarray]]:
-        return self.config.batches(self.model)
-
     def quantize(self) -> Any:
         """Calibrate and rewrite; returns the quantized program."""
         start = time.perf_counter()
@@ -136,7 +133,7 @@ class PostTrainingQuantization:
         targets, float_inputs = self._planned_targets(graph)
         means = input_means(targets) if self.bias_correction else {}
         layerwise = self.algo == AUTO or self.round_type == "adaround"
-        calibration = calibrate_sharded(self, graph, targets, self._batches(), enabled=self.distributed,
+        calibration = calibrate_sharded(self, graph, targets, self.config.batches(self.model), enabled=self.distributed,
                                         progress=self.progress, channel_means=means,
                                         keep_samples=LAYERWISE_SAMPLES if layerwise else 0)  # merged over ranks
         if self.cache_file is not None:
@@ -201,7 +198,7 @@ class PostTrainingQuantization:
         budget = self.budget
         assert budget is not None
         start = time.perf_counter()
-        batches = list(islice(self._batches(), BUDGET_BATCHES))
+        batches = list(islice(self.config.batches(self.model), BUDGET_BATCHES))
         reference = run_batches(graph, batches)
         layers = [i for i, t in enumerate(targets) if t.weight is not None and t.for_conv is None]
 
