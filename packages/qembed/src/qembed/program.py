@@ -16,19 +16,20 @@ from typing import Any
 import numpy as np
 import paddle
 
+from qcore.constants import EMBEDDING_OP_TYPES
 from qcore.errors import DataError, GraphError, did_you_mean
 from qcore.graph import Graph, OpRef, open_graph
 from qcore.model_io import Model, ModelFiles, check_model_output, load_model
+from qcore.optable import LOOKUP, seed_types
 from qcore.quant import LN2, qmax
 
 from .config import EmbeddingConfig, TableConfig
 from .table import TableChoice, choose_table_quantization
 
-# The op types each seed op type covers (qcore.graph.OP_TABLE names).
-OP_FAMILIES = {
-    "lookup_table": ("lookup_table", "embedding_with_scaled_gradient", "c_embedding"),
-    "fused_embedding_seq_pool": ("fused_embedding_seq_pool",),
-    "pyramid_hash": ("pyramid_hash",),
+# The op types each seed op type covers (qcore.optable.OP_TABLE names): the table's lookups that
+# are not seed names (embedding_with_scaled_gradient, c_embedding) are configured as lookup_table.
+OP_FAMILIES = {seed: (seed,) for seed in EMBEDDING_OP_TYPES} | {
+    "lookup_table": ("lookup_table", *seed_types(LOOKUP, seed=False)),
 }
 # Ops whose Paddle 3.3.1 CPU kernel rejects an int8 table (measured): their table is stored as int8
 # and dequantized as a whole in front of the op. The file shrinks; run-time memory does not.
