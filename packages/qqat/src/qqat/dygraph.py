@@ -28,6 +28,7 @@ import paddle
 from paddle import nn
 
 from qcore.config import QuantConfig
+from qcore.constants import TRANSFORM_PASS_OP_TYPES
 from qcore.deploy import DeployTarget, OpTarget, get_target
 from qcore.deploy.apply import Planned, apply_rules
 from qcore.deploy.base import mark_model
@@ -41,7 +42,7 @@ from .config import dygraph_config
 from .layers import QuantedLayer, layer_kind
 
 log = logging.getLogger(__name__)
-WEIGHTED_OPS = ("conv2d", "depthwise_conv2d", "conv2d_transpose", "mul")
+WEIGHTED_OPS = TRANSFORM_PASS_OP_TYPES  # the op table's kinds with a weight and quantized inputs
 
 
 def quanted_layers(model: nn.Layer) -> dict[str, QuantedLayer]:
