@@ -1,4 +1,4 @@
-"""One rank of qcore's 2-process tests (test_distributed.py), run under paddle.distributed.launch.
+"""One rank of qcore's 2-process tests (test_distributed_qcore.py), run under paddle.distributed.launch.
 
 Each rank records what every :mod:`qcore.distributed` helper gave it in ``OUT/rank<r>.json``.
 Not collected by pytest.

@@ -1,4 +1,4 @@
-"""One rank of the sharded-calibration tests (test_distributed.py); run under paddle.distributed.launch.
+"""One rank of the sharded-calibration tests (test_distributed_qptq.py); run under paddle.distributed.launch.
 
 ``python dist_ptq_worker.py OUT SCENARIO``: each rank calibrates its own shard of the demo
 calibration data and writes what it saw to ``OUT/rank<r>.json``. Not collected by pytest.

@@ -1,4 +1,4 @@
-"""One rank of the data-parallel QAT tests (test_distributed.py); also runs alone as the reference.
+"""One rank of the data-parallel QAT tests (test_distributed_qqat.py); also runs alone as the reference.
 
 ``python dist_qat_worker.py OUT``: under ``paddle.distributed.launch`` each rank trains a
 ``paddle.DataParallel`` QAT model on its half of every global batch; run directly (one process)
