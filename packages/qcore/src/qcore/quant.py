@@ -75,6 +75,15 @@ def scale_from_threshold(threshold: ArrayLike, bits: int) -> float | NDArray[np.
     return float(s) if s.ndim == 0 else s
 
 
+def bounded_thresholds(thresholds: ArrayLike, bits: int, max_code: int | None) -> NDArray[np.float64]:
+    """``thresholds`` widened so that their codes stay within +-``max_code`` (None: unchanged), as 1-D.
+
+    The overflow fix of :mod:`qcore.deploy.host`: the scale becomes ``threshold / max_code``.
+    """
+    thr = np.atleast_1d(np.asarray(thresholds, dtype=np.float64))
+    return thr if max_code is None else thr * (qmax(bits) / max_code)
+
+
 def quantize(
     x: ArrayLike, scale: ArrayLike, bits: int, axis: int | None = None, rounding: str = "half_even"
 ) -> NDArray[np.int8] | NDArray[np.int16]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 
-from qcore.quant import abs_max, qmax, scale_from_threshold
+from qcore.quant import abs_max, bounded_thresholds, qmax, scale_from_threshold
 
 ZETA, GAMMA = 1.1, -0.1
 
@@ -51,21 +51,19 @@ class AdaRounded:
     thresholds: np.ndarray  # per channel (or one), the abs max the scale was derived from
     loss_nearest: float  # reconstruction loss of round-to-nearest on the samples
     loss_adaround: float  # reconstruction loss of the learned rounding on the samples
-    losses: list[float]  # reconstruction loss along the optimisation (every tenth iteration)
     flipped: float  # fraction of weights rounded the other way than round-to-nearest
     used: bool  # False: the learned rounding did not beat round-to-nearest, which is kept
 
 
-def _scale(weight: np.ndarray, axis: int | None, bits: int, max_code: int) -> tuple[np.ndarray, np.ndarray]:
+def _scale(weight: np.ndarray, axis: int | None, bits: int, max_code: int | None) -> tuple[np.ndarray, np.ndarray]:
     """The thresholds and the broadcastable scale :meth:`qcore.graph.Graph.quantize_weight` will use."""
     thresholds = np.atleast_1d(np.asarray(abs_max(weight, axis), dtype=np.float64))
-    widened = thresholds * (qmax(bits) / max_code)
-    scale = np.asarray(scale_from_threshold(widened, bits), dtype=np.float64)
+    scale = np.asarray(scale_from_threshold(bounded_thresholds(thresholds, bits, max_code), bits))
     scale = np.where(scale > 0, scale, 1.0)  # all-zero channels: codes 0 whatever the scale
     shape = [1] * weight.ndim
     if axis is not None:
         shape[axis] = -1
-    return thresholds, scale.reshape(shape) if axis is not None else scale.reshape([1] * weight.ndim)
+    return thresholds, scale.reshape(shape)
 
 
 def _soft(v: paddle.Tensor) -> paddle.Tensor:
@@ -85,13 +83,12 @@ def adaround(
     """Learn the rounding of ``weight`` for the layer ``replay(x, w)`` (e.g. a
     :class:`qcore.graph.replay.LayerReplay`) on the float inputs ``x``."""
     top = max_code or qmax(bits)
-    thresholds, scale = _scale(weight, axis, bits, top)
+    thresholds, scale = _scale(weight, axis, bits, max_code)
     w64 = weight.astype(np.float64)
     floor = np.floor(w64 / scale)
     rest = np.clip(w64 / scale - floor, 1e-4, 1 - 1e-4)
     p = (rest - GAMMA) / (ZETA - GAMMA)
     rng = np.random.default_rng(settings.seed)
-    paddle.seed(settings.seed)
     out_axis = 1 if x.ndim == 4 else -1  # NCHW convs: channels; matmuls: the last axis
 
     s_t = paddle.to_tensor(scale.astype(np.float32))
@@ -116,7 +113,7 @@ def adaround(
     v = paddle.create_parameter(list(weight.shape), "float32",
                                 default_initializer=paddle.nn.initializer.Assign(start_v))
     optimizer = paddle.optimizer.Adam(learning_rate=settings.learning_rate, parameters=[v])
-    n, losses = x.shape[0], []
+    n = x.shape[0]
     start, end = settings.beta
     warm = int(settings.warmup * settings.iters)
     for step in range(settings.iters):
@@ -132,8 +129,6 @@ def adaround(
         loss.backward()
         optimizer.step()
         optimizer.clear_grad()
-        if step % 10 == 0:
-            losses.append(float(rec))
     nearest = np.clip(np.round(w64 / scale), -top, top)
     learned = np.clip(floor + (_soft(v).numpy() >= 0.5), -top, top)
     loss_nearest, loss_learned = hard_loss(nearest), hard_loss(learned)
@@ -141,5 +136,5 @@ def adaround(
     codes = learned if used else nearest
     return AdaRounded(
         weight=(codes * scale).astype(np.float32), thresholds=thresholds, loss_nearest=loss_nearest,
-        loss_adaround=loss_learned, losses=losses, flipped=float(np.mean(learned != nearest)), used=bool(used),
+        loss_adaround=loss_learned, flipped=float(np.mean(learned != nearest)), used=bool(used),
     )

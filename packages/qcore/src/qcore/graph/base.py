@@ -21,7 +21,7 @@ from ..errors import GraphError
 from ..model_io import Model, ModelFiles, save_model
 from ..optable import OP_TABLE, backend_names, spec
 from ..paddle_env import static_mode
-from ..quant import abs_max, dequantize, qmax, quantize, scale_from_threshold
+from ..quant import abs_max, bounded_thresholds, dequantize, qmax, quantize, scale_from_threshold
 
 
 @dataclass(frozen=True)
@@ -268,9 +268,7 @@ class Graph(ABC):
             weight = value
         if thresholds is None:
             thresholds = abs_max(weight, axis)
-        thr = np.atleast_1d(np.asarray(thresholds, dtype=np.float64))
-        if max_code is not None:
-            thr = thr * (qmax(bits) / max_code)
+        thr = bounded_thresholds(thresholds, bits, max_code)
         codes = quantize(weight, scale_from_threshold(thr if axis is not None else thr[0], bits), bits, axis)
         quantized = QuantizedWeight(codes, thr, axis, bits, float_dequant)
         with self._editing():
