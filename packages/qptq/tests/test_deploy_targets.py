@@ -51,9 +51,9 @@ def every_kind(tmp_path_factory):
     return directory, x
 
 
-def _quantize(directory, name, x, **options):
+def _quantize(directory, name, x, algo="abs_max", **options):
     return quant_post_static(None, directory / "float", directory / name, sample_generator=lambda: iter(x),
-                             batch_size=8, algo="abs_max", quantizable_op_type=OP_TYPES, save_model_filename=None,
+                             batch_size=8, algo=algo, quantizable_op_type=OP_TYPES, save_model_filename=None,
                              save_params_filename=None, **options)
 
 
@@ -171,3 +171,19 @@ def test_the_overflow_fix_is_reported_and_bounds_every_stored_weight_code(every_
         files = find_model_files(directory / f"fix{fix}")
         simulated = load_model(files.directory).run({"x": x})[0]
         assert _error(predict(files, {"x": x}, backend="openvino")[0], simulated) < 0.01
+
+
+def test_auto_and_adaround_outputs_deploy_as_simulated_on_every_cpu_backend(every_kind):
+    directory, x = every_kind
+    float_out = load_model(directory / "float").run({"x": x})[0]
+    for backend in ("openvino", None):
+        name = f"layerwise_{backend}"
+        report = _quantize(directory, name, x, deploy_backend=backend, round_type="adaround", algo="auto")
+        assert all("adaround" in layer["weight"] for layer in report["layers"] if "weight" in layer)
+        files = find_model_files(directory / name)
+        simulated = load_model(files.directory).run({"x": x})[0]
+        assert 0.001 < _error(simulated, float_out) < 0.1
+        runs = ["openvino"] if backend else ["openvino", "native"] + (
+            ["onednn"] if get_target("onednn").host_problem() is None else [])
+        for run in runs:
+            assert _error(predict(files, {"x": x}, backend=run)[0], simulated) < 0.01, run
