@@ -24,6 +24,7 @@ import paddle
 from .errors import ModelFormatError, OutputError
 from .outputs import check_file_name, check_output_dir, staged_output
 from .paddle_env import FAMILIES, Family, cpu_executor, static_mode
+from .zero_points import fold_shifts, unfold_zero_points
 
 PARAMS_SUFFIX = ".pdiparams"
 MODEL_SUFFIX = {"pir": ".json", "legacy": ".pdmodel"}
@@ -215,6 +216,8 @@ def load_model(
             ) from exc
         if files.family == "pir":
             _strip_pir_fetch_ops(program)
+        else:
+            unfold_zero_points(program, scope)
     if files.family != target:
         with static_mode("pir", scope):
             program, fetch_targets = translate_to_pir(program)
@@ -251,6 +254,7 @@ def _write_legacy(model: Model, out_dir: Path, model_name: str, params_name: str
     feeds, fetches = _feed_vars(model), model.fetch_targets
     program = paddle.static.normalize_program(model.program, feeds, fetches)  # a copy: the model keeps its attrs
     _strip_debug_attrs(program)
+    fold_shifts(program)
     (out_dir / model_name).write_bytes(paddle.static.io._serialize_program(program))
     if params_name is not None:
         blob = paddle.static.io._serialize_persistables(program, model.executor)

@@ -278,8 +278,9 @@ class HistogramObserver(Observer):
     The first batch sets ``upper`` to its abs max. A later batch beyond ``upper`` doubles the range
     until it covers the batch, and existing counts are re-binned by summing adjacent bins (bin ``i``
     goes to ``i // 2**k``), so no data is seen twice. The last bin is closed (holds ``upper``).
-    It also keeps the exact ``max_abs`` and the sum of per-batch abs maxes (``avg_abs_max``), so
-    one calibration pass can score every algorithm of :mod:`qcore.thresholds`.
+    It also keeps the exact ``max_abs``, the sum of per-batch abs maxes (``avg_abs_max``) and the
+    signed ``min`` / ``max`` (for asymmetric grids, :func:`qcore.quant.asymmetric_range`), so one
+    calibration pass can score every algorithm of :mod:`qcore.thresholds`.
     """
 
     kind = "hist"
@@ -288,6 +289,8 @@ class HistogramObserver(Observer):
         "counts": _ints,
         "upper": float,
         "max_abs": float,
+        "min": float,
+        "max": float,
         "batch_abs_max_sum": float,
         "batches": int,
         "count": int,
@@ -300,6 +303,8 @@ class HistogramObserver(Observer):
         self.counts = np.zeros(self.bins, dtype=np.int64)
         self.upper = 0.0
         self.max_abs = 0.0
+        self.min = 0.0
+        self.max = 0.0
         self.batch_abs_max_sum = 0.0
         self.batches = 0
         self.count = 0
@@ -346,10 +351,12 @@ class HistogramObserver(Observer):
         a = np.asarray(array)
         if a.dtype != np.float32 or a.size == 0:  # float32 activations skip the float64 copy
             a = as_finite(a)
+        lo, hi = float(a.min()), float(a.max())
         a = np.abs(a).ravel()
         m = float(a.max())
         if not math.isfinite(m):  # NaN propagates through max
             as_finite(array)  # raises the DataError that counts them
+        self.min, self.max = (min(self.min, lo), max(self.max, hi)) if self.count else (lo, hi)
         if m > self.upper:
             self._grow(m)
         self.counts += np.bincount(self._index(a, self.upper), minlength=self.bins)
@@ -368,6 +375,7 @@ class HistogramObserver(Observer):
             self._grow(other.upper)
         self.counts = self.counts + self._rebin(other.counts, other.upper)
         self.max_abs = max(self.max_abs, other.max_abs)
+        self.min, self.max = min(self.min, other.min), max(self.max, other.max)
         self.batch_abs_max_sum += other.batch_abs_max_sum
         self.batches += other.batches
         self.count += other.count

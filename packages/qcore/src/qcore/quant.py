@@ -84,6 +84,24 @@ def bounded_thresholds(thresholds: ArrayLike, bits: int, max_code: int | None) -
     return thr if max_code is None else thr * (qmax(bits) / max_code)
 
 
+def asymmetric_range(threshold: float, lo: float, hi: float, bits: int) -> tuple[float, float]:
+    """The ``(threshold, offset)`` of a grid for values seen in ``[lo, hi]``, clipped at ``threshold``.
+
+    A symmetric grid spends its levels on ``[-threshold, threshold]``; a tensor that reaches only
+    ``[max(lo, -threshold), min(hi, threshold)]`` (a relu or hardswish output, a softmax) gets the
+    same ``2 * qmax(bits) + 1`` levels over that span instead: quantize ``x - offset`` with the
+    returned, smaller threshold and add ``offset`` back. ``offset`` is a whole number of steps, so
+    zero stays exactly representable (the integer zero point of an asymmetric int8 grid is
+    ``-offset / step``). A span that is not narrower than the symmetric one gives ``(threshold, 0.0)``.
+    """
+    a, b = max(lo, -threshold), min(hi, threshold)
+    half = (b - a) / 2
+    if not 0 < half < threshold:
+        return threshold, 0.0
+    step = half / qmax(bits)
+    return half, round((a + b) / 2 / step) * step
+
+
 def quantize(
     x: ArrayLike, scale: ArrayLike, bits: int, axis: int | None = None, rounding: str = "half_even"
 ) -> NDArray[np.int8] | NDArray[np.int16]:

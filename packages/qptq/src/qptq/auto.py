@@ -12,7 +12,7 @@ The lowest total wins; ties go to the first algorithm in :data:`qcore.thresholds
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +25,8 @@ from qcore.quant import qmax
 from qcore.thresholds import ALGOS
 
 AUTO = "auto"
+#: ``(activation name, threshold) -> (threshold, offset)``: the grid an activation deploys with
+Grid = Callable[[str, float], tuple[float, float]]
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,13 @@ def choose_thresholds(
     candidates: dict[str, dict[str, float]],
     samples: dict[str, list[np.ndarray]],
     bits: int,
+    grid: Grid | None = None,
 ) -> dict[str, AutoChoice]:
-    """Add ``"auto"`` to ``candidates[name]`` for every activation with samples; returns the choices."""
+    """Add ``"auto"`` to ``candidates[name]`` for every activation with samples; returns the choices.
+
+    ``grid(name, threshold)`` gives the ``(threshold, offset)`` an activation deploys with (an
+    asymmetric grid, :func:`qcore.quant.asymmetric_range`); by default the symmetric one.
+    """
     readers: dict[str, list[OpTarget]] = {}
     for target in targets:
         for operand in target.activations:
@@ -63,7 +70,7 @@ def choose_thresholds(
                 if t <= 0:
                     continue
                 if t not in by_threshold:
-                    xq = _fake_quantize(x, t, bits)
+                    xq = _fake_quantize(x, *(grid(name, t) if grid else (t, 0.0)), bits)
                     outputs = [layer.run(xq) if layer else xq for layer in layers]
                     by_threshold[t] = sum(squared_relative_error(y, r) for y, r in zip(outputs, references))
                 errors[algo] = by_threshold[t]
@@ -75,11 +82,12 @@ def choose_thresholds(
     return choices
 
 
-def _fake_quantize(x: np.ndarray, threshold: float, bits: int) -> np.ndarray:
-    """:func:`qcore.quant.fake_quantize` in float32 (the replayed layers run in float32 anyway)."""
+def _fake_quantize(x: np.ndarray, threshold: float, offset: float, bits: int) -> np.ndarray:
+    """:func:`qcore.quant.fake_quantize` of ``x - offset``, plus ``offset``, in float32 (the replayed
+    layers run in float32 anyway)."""
     top = qmax(bits)
-    scale = np.float32(threshold / top)
-    return np.clip(np.rint(x / scale), -top, top) * scale
+    scale, shift = np.float32(threshold / top), np.float32(offset)
+    return np.clip(np.rint((x - shift) / scale), -top, top) * scale + shift
 
 
 def squared_relative_error(y: np.ndarray, reference: np.ndarray) -> float:

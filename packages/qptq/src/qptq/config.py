@@ -78,6 +78,7 @@ class PTQConfig:
     deploy_backend: str | None
     onnx_format: bool | None
     round_type: str
+    activation_symmetric: bool | None  # None: the target's default (DeployTarget.asymmetric_activations)
     skip_tensor_list: Sequence[str] | None
     eval_function: EvalFunction | None
     max_metric_drop: float | None
@@ -93,6 +94,7 @@ class PTQConfig:
     cache_file: Path | None = field(init=False)  # observer checkpoint when is_use_cache_file
     target: DeployTarget = field(init=False)
     budget: Budget | None = field(init=False)
+    asymmetric: bool = field(init=False)  # activations on asymmetric grids (qcore.quant.asymmetric_range)
 
     @classmethod
     def from_call(cls, arguments: Mapping[str, Any]) -> PTQConfig:
@@ -134,6 +136,13 @@ class PTQConfig:
             "activation_bits": validate_bits("activation_bits", self.activation_bits, 2, 16),
             "algo": canonical_algo(self.algo, extra=LAYERWISE_ALGOS),
         }
+        symmetric = self.activation_symmetric
+        if symmetric not in (None, True, False):
+            raise ConfigError(f"activation_symmetric={symmetric!r} is not valid; use True, False or None")
+        asymmetric = not target.symmetric_activations if symmetric is None else not symmetric
+        if asymmetric and not target.asymmetric_activations:
+            raise ConfigError(f"activation_symmetric=False: {target.name} runs symmetric activation grids only; "
+                              "use deploy_backend='openvino' or 'native', or leave activation_symmetric unset")
         for name, value in normalized.items():
             object.__setattr__(self, name, value)
         derived = {
@@ -143,6 +152,7 @@ class PTQConfig:
             "cache_file": Path(self.cache_dir) / "observers.json" if self.is_use_cache_file else None,
             "target": target,
             "budget": budget,
+            "asymmetric": asymmetric,
         }
         for name, value in derived.items():
             object.__setattr__(self, name, value)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from qcore.graph import Graph, open_graph
 from qcore.graph.replay import LayerReplay, replayable
 from qcore.model_io import ModelFiles, check_model_output, load_model
 from qcore.outputs import write_bytes
+from qcore.quant import asymmetric_range
 from qcore.thresholds import thresholds_all_algos
 
 from .adaround import AdaRounded, adaround
@@ -89,6 +91,7 @@ class PostTrainingQuantization:
         deploy_backend: str | None = None,
         onnx_format: bool | None = None,
         round_type: str = "round",
+        activation_symmetric: bool | None = None,
         skip_tensor_list: Sequence[str] | None = None,
         eval_function: EvalFunction | None = None,
         max_metric_drop: float | None = None,
@@ -143,7 +146,8 @@ class PostTrainingQuantization:
             for name, obs in calibration.observers.items()
         }
         self._auto = (choose_thresholds(graph, targets, candidates, calibration.activation_samples,
-                                        self.activation_bits) if self.algo == AUTO else {})
+                                        self.activation_bits, functools.partial(self._grid, calibration))
+                      if self.algo == AUTO else {})
         self._rounded = self._adaround(graph, targets, calibration) if self.round_type == "adaround" else {}
         calibration.activation_samples.clear()
         kept: dict[int, str] = {}
@@ -260,10 +264,17 @@ class PostTrainingQuantization:
         keep_float = keep_float or {}
         chosen = {name: algos[self.algo] for name, algos in candidates.items()}
         rules = self.target.rules(graph, targets, float_inputs)
-        deployed = rules.thresholds(chosen)  # oneDNN shares scales along some chains
+        shared = rules.thresholds(chosen)  # oneDNN shares scales along some chains
+        grids = {name: self._grid(calibration, name, threshold) for name, threshold in shared.items()}
+        deployed = {name: grid[0] for name, grid in grids.items()}
+        offsets = {name: grid[1] for name, grid in grids.items()}
+
+        def per_operand(values: dict[str, float], target: OpTarget) -> Mapping[str, float] | list[float]:
+            names = [a.name for a in target.activations]  # by position unless fused: PIR names shift
+            return {n: values[n] for n in names} if target.for_conv is not None else [values[n] for n in names]
+
         planned = [
-            Planned(t, {a.name: deployed[a.name] for a in t.activations} if t.for_conv is not None
-                    else [deployed[a.name] for a in t.activations],  # by position: PIR names shift
+            Planned(t, per_operand(deployed, t), act_offsets=per_operand(offsets, t) if self.asymmetric else None,
                     per_channel=self.per_channel, keep_float=keep_float.get(i),
                     weight_thresholds=self._rounded[i].thresholds if i in self._rounded else None,
                     weight_value=self._rounded[i].weight if i in self._rounded else None)
@@ -272,7 +283,7 @@ class PostTrainingQuantization:
         applied = apply_rules(graph, rules, planned, weight_bits=self.weight_bits, activation_bits=self.activation_bits)
         if self.deploy_backend is not None:
             mark_model(graph, self.target)
-        layers = [self._layer_report(graph, a, candidates, chosen, deployed, rules.unsigned, calibration)
+        layers = [self._layer_report(graph, a, candidates, chosen, shared, grids, rules.unsigned, calibration)
                   for a in applied]
         for i, rounded in self._rounded.items():
             if "weight" in layers[i]:
@@ -284,9 +295,17 @@ class PostTrainingQuantization:
                 "batches": calibration.batches, "samples": calibration.samples, "layers": layers,
                 **rules.rewrites}
 
+    def _grid(self, calibration: Calibration, name: str, threshold: float) -> tuple[float, float]:
+        """The ``(threshold, offset)`` activation ``name`` deploys with: symmetric, or the asymmetric
+        grid over the range calibration saw (:func:`qcore.quant.asymmetric_range`)."""
+        if not self.asymmetric:
+            return threshold, 0.0
+        seen = calibration.observers[name]
+        return asymmetric_range(threshold, seen.min, seen.max, self.activation_bits)
+
     def _layer_report(self, graph: Graph, applied: Applied, candidates: dict[str, dict[str, float]],
-                      chosen: dict[str, float], deployed: dict[str, float], unsigned: set[str],
-                      calibration: Calibration) -> dict[str, Any]:
+                      chosen: dict[str, float], shared: dict[str, float], grids: dict[str, tuple[float, float]],
+                      unsigned: set[str], calibration: Calibration) -> dict[str, Any]:
         target = applied.planned.target
         entry: dict[str, Any] = {"op": target.op.seed_type, "scope": target.op.scope_name, "inputs": {}}
         if applied.left_float is not None:
@@ -303,15 +322,18 @@ class PostTrainingQuantization:
                     graph, target, done.weight, calibration.channel_means[target.activations[0].name]
                 )
         for operand in target.activations:
-            info: dict[str, Any] = {"threshold": deployed[operand.name],
+            threshold, offset = grids[operand.name]
+            info: dict[str, Any] = {"threshold": threshold,
                                     "all_algos": {k: round(v, 6) for k, v in candidates[operand.name].items()}}
+            if offset:  # asymmetric: the grid spans offset +- threshold
+                info["offset"] = offset
             if operand.name in unsigned:
                 info["unsigned"] = True  # oneDNN runs it as u8; the simulation does too
             if operand.name in self._auto:
                 choice = self._auto[operand.name]
                 info["auto"] = {"algo": choice.algo, "layer_output_error": {
                     k: float(f"{v:.6g}") for k, v in choice.errors.items()}}
-            if deployed[operand.name] != chosen[operand.name]:
+            if shared[operand.name] != chosen[operand.name]:
                 info["own_threshold"] = chosen[operand.name]  # oneDNN runs it with another tensor's scale
             if info["threshold"] <= 0:
                 info["left_float"] = "activation was all zeros during calibration"
@@ -384,6 +406,7 @@ def quant_post_static(
     deploy_backend: str | None = None,
     onnx_format: bool | None = None,
     round_type: str = "round",
+    activation_symmetric: bool | None = None,
     skip_tensor_list: Sequence[str] | None = None,
     eval_function: EvalFunction | None = None,
     max_metric_drop: float | None = None,

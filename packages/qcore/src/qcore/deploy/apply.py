@@ -37,6 +37,7 @@ class Planned:
     weight_thresholds: np.ndarray | None = None  # None: the weight's abs max
     weight_value: np.ndarray | None = None  # the float weight to store (None: the parameter's; AdaRound's)
     keep_float: str | None = None  # the caller's reason to leave this op float (e.g. an accuracy budget)
+    act_offsets: Mapping[str, float] | Sequence[float] | None = None  # asymmetric grids, keyed like the thresholds
 
 
 @dataclass
@@ -69,7 +70,7 @@ def apply_rules(
         done = quantize_op(
             graph, target.op, item.act_thresholds, weight_bits=weight_bits, activation_bits=activation_bits,
             per_channel=item.per_channel, weight_thresholds=item.weight_thresholds, weight_value=item.weight_value,
-            unsigned=rules.unsigned,
+            unsigned=rules.unsigned, act_offsets=item.act_offsets, zero_points=rules.target.activation_zero_points,
             float_dequant=target.op.seed_type in rules.target.float_dequant_weights, weight_max_code=max_code,
         )  # fmt: skip
         if target.runs_float:

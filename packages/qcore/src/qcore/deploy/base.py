@@ -114,6 +114,12 @@ class DeployTarget(ABC):
     residual_adds: ClassVar[str] = "both"
     #: (weight bits, activation bits) of the int8 kernels; None: any width (the target runs float kernels)
     kernel_bits: ClassVar[tuple[int, int] | None] = (8, 8)
+    #: runs activations shifted onto asymmetric grids (:func:`qcore.quant.asymmetric_range`) as simulated
+    asymmetric_activations: ClassVar[bool] = False
+    #: reads the ``ZeroPoint`` of activation QDQ pairs (asymmetric grids deploy as zero points, not shifts)
+    activation_zero_points: ClassVar[bool] = False
+    #: the default grid when the user does not choose (``activation_symmetric=None``)
+    symmetric_activations: ClassVar[bool] = True
     #: runs int8 dot products on an x86 CPU, where without VNNI they saturate (:mod:`qcore.deploy.host`)
     cpu_int8: ClassVar[bool] = False
 

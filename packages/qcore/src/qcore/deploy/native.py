@@ -26,6 +26,7 @@ class NativeTarget(DeployTarget):
     int8_ops = frozenset(OP_TABLE)  # nothing runs int8, so every op's simulation is exact
     int8_families = ()
     residual_adds = "both"
+    asymmetric_activations = True
 
     def configure(self, config: inference.Config, threads: int) -> None:
         config.disable_gpu()

@@ -64,6 +64,8 @@ class OpenVinoTarget(DeployTarget):
     int8_families = ("legacy",)
     float_dequant_weights = frozenset({"conv2d_transpose"})
     residual_adds = "fused"
+    asymmetric_activations = True
+    activation_zero_points = True
     cpu_int8 = True
 
     def plan(self, graph: Graph, targets: list[OpTarget], skip_patterns: Iterable[str] = (), *,

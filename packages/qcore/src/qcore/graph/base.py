@@ -210,7 +210,10 @@ class Graph(ABC):
         """Remove the parameter ``value`` (a name or a PIR value) from the program if nothing reads it."""
 
     # ---- rewriting --------------------------------------------------------------------
-    def insert_act_qdq(self, operand: Operand, threshold: float, bits: int = 8, unsigned: bool = False) -> None:
+    def insert_act_qdq(
+        self, operand: Operand, threshold: float, bits: int = 8, unsigned: bool = False, offset: float = 0.0,
+        zero_point: bool = False,
+    ) -> None:
         """Make ``operand``'s op read a quantize->dequantize copy of the activation.
 
         ``threshold`` is the clipping value (scale = threshold / (2**(bits-1)-1)). A tensor
@@ -218,6 +221,10 @@ class Graph(ABC):
         only, for tensors that are never negative) simulates the unsigned codes ``0..2**bits-1``
         oneDNN runs such tensors with (:func:`qcore.deploy.onednn.unsigned_activations`); the stored
         ``bit_length`` and scale stay those of the signed form, which is what deploys.
+        A non-zero ``offset`` quantizes ``x - offset`` and adds ``offset`` back (a shift op on each
+        side of the pair): the asymmetric grid of :func:`qcore.quant.asymmetric_range`. ``zero_point``
+        (legacy only, for runtimes that read it) stores the pair's integer zero point and marks the
+        shifts, which the saved program then leaves out (:mod:`qcore.zero_points`).
         """
         if not np.isfinite(threshold) or threshold <= 0:
             raise GraphError(
@@ -228,7 +235,9 @@ class Graph(ABC):
         with self._editing():
             key = self._key(operand.value)  # PIR value names shift as ops are inserted; ids do not
             if key not in self._act_qdq:
-                self._act_qdq[key] = self._build_act_qdq(operand, float(threshold), bits, unsigned)
+                self._act_qdq[key] = self._build_act_qdq(
+                    operand, float(threshold), bits, unsigned, float(offset), zero_point and bool(offset)
+                )
                 self._made.add(self._key(self._act_qdq[key]))
             self._set_operand(operand, self._act_qdq[key])
 
@@ -374,7 +383,9 @@ class Graph(ABC):
     def _replace_bn(self, conv: OpRef, bias: Operand | None, bn: OpRef, folded_bias: np.ndarray) -> None: ...
 
     @abstractmethod
-    def _build_act_qdq(self, operand: Operand, threshold: float, bits: int, unsigned: bool) -> Any: ...
+    def _build_act_qdq(
+        self, operand: Operand, threshold: float, bits: int, unsigned: bool, offset: float, zero_point: bool
+    ) -> Any: ...
 
     @abstractmethod
     def _build_weight_dq(self, operand: Operand, weight: QuantizedWeight) -> Any: ...

@@ -16,6 +16,7 @@ from paddle.base import core
 from ..model_io import Model
 from ..optable import CONV_TYPES
 from ..quant import qmax, scale_from_threshold
+from ..zero_points import insert_shift
 from .base import Graph, Operand, OpRef, QuantizedWeight
 
 _FLOATS = (core.VarDesc.VarType.FP32, core.VarDesc.VarType.FP64, core.VarDesc.VarType.FP16)
@@ -126,19 +127,31 @@ class LegacyGraph(Graph):
         )
 
     # ---- rewrites -------------------------------------------------------------------
-    def _build_act_qdq(self, operand: Operand, threshold: float, bits: int, unsigned: bool) -> str:
+    def _build_act_qdq(
+        self, operand: Operand, threshold: float, bits: int, unsigned: bool, offset: float, zero_point: bool
+    ) -> str:
         name = operand.name
         scale = self._add_param(self._new_param_name(f"{name}@scale"), np.array([threshold], np.float32))
-        zero = self._add_param(self._new_param_name(f"{name}@zero_point"), np.zeros([1], np.int32))
+        z = -round(offset / scale_from_threshold(threshold, bits)) if zero_point else 0  # the runtime's zero point
+        zero = self._add_param(self._new_param_name(f"{name}@zero_point"), np.array([z], np.int32))
+        at = self._index(operand.op.raw)
+        source = name
+        if offset:
+            source = self._shift(at, name, f"{name}.shifted", -offset, zero_point)
+            at += 1
         quantized = self._tmp_var(f"{name}.quantized", name)
         dequantized = self._tmp_var(f"{name}.dequantized", name)
-        at = self._index(operand.op.raw)
         attrs = self._qdq_attrs(bits, -1)
         if unsigned:  # the executor's kernel takes its levels from qmax; Paddle Inference reads bit_length
             attrs.update(qmin=0, qmax=2**bits - 1)
-        self._insert(at, "quantize_linear", name, scale, zero, quantized, attrs)
+        self._insert(at, "quantize_linear", source, scale, zero, quantized, attrs)
         self._insert(at + 1, "dequantize_linear", quantized, scale, zero, dequantized, attrs)
-        return dequantized
+        return self._shift(at + 2, dequantized, f"{name}.restored", offset, zero_point) if offset else dequantized
+
+    def _shift(self, index: int, x: str, out: str, bias: float, marked: bool) -> str:
+        """Insert ``out = x + bias`` at ``index`` (marked: the saved program carries it as a zero point)."""
+        insert_shift(self.block, self.model.scope, index, x, out, self._new_param_name(f"{out}@bias"), bias, marked)
+        return out
 
     def _build_weight_dq(self, operand: Operand, weight: QuantizedWeight) -> str:
         name = operand.name

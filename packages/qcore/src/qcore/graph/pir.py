@@ -158,18 +158,21 @@ class PirGraph(Graph):
     def _fusable_conv_biases(self) -> None:
         """Nothing to do: PIR output runs float kernels, whose passes take Paddle 3's bias form."""
 
-    def _build_act_qdq(self, operand: Operand, threshold: float, bits: int, unsigned: bool) -> Any:
-        if unsigned:
-            raise GraphError("unsigned activation QDQ is a legacy-program feature (oneDNN int8); PIR QDQ is signed")
+    def _build_act_qdq(
+        self, operand: Operand, threshold: float, bits: int, unsigned: bool, offset: float, zero_point: bool
+    ) -> Any:
+        if unsigned or zero_point:
+            raise GraphError("unsigned activations and zero points are legacy-program features (oneDNN and "
+                             "OpenVINO int8); PIR QDQ is signed, asymmetric grids run as shifts")
         scale, accum, state = (
             self._add_param(self._new_param_name(f"{operand.name}@{kind}"), np.array([v], np.float32), operand.op)
             for kind, v in (("scale", threshold), ("accum", 1.0), ("state", 1.0))
         )
         with self._inserting_before(operand.op.raw):
-            out = paddle._C_ops.fake_quantize_dequantize_moving_average_abs_max(
-                operand.value, scale, accum, state, 0.9, bits, True, 0
-            )[0]
-        return out
+            x = paddle._C_ops.scale(operand.value, 1.0, -offset, True) if offset else operand.value
+            out = paddle._C_ops.fake_quantize_dequantize_moving_average_abs_max(x, scale, accum, state, 0.9, bits,
+                                                                                 True, 0)[0]
+            return paddle._C_ops.scale(out, 1.0, offset, True) if offset else out
 
     def _build_weight_dq(self, operand: Operand, weight: QuantizedWeight) -> Any:
         codes = self._add_param(self._new_param_name(f"{operand.name}.quantized"), weight.codes, operand.op)

@@ -10,10 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Union
 
 import numpy as np
 
 from .base import Graph, OpRef, QuantizedWeight
+
+#: a value per activation operand: by name, by position in :meth:`Graph.activation_operands`, or one for all
+PerOperand = Union[Mapping[str, float], Sequence[float], float]
+
+
+def operand_value(values: PerOperand, index: int, name: str) -> float:
+    """The entry of ``values`` for the activation operand at ``index`` named ``name`` (0.0 if a mapping omits it)."""
+    if isinstance(values, Mapping):
+        return float(values.get(name, 0.0))
+    if isinstance(values, Sequence):
+        return float(values[index])
+    return float(values)
 
 
 @dataclass
@@ -28,7 +41,7 @@ class OpQuantization:
 def quantize_op(
     graph: Graph,
     op: OpRef,
-    act_thresholds: Mapping[str, float] | Sequence[float] | float,
+    act_thresholds: PerOperand,
     *,
     weight_bits: int = 8,
     activation_bits: int = 8,
@@ -38,6 +51,8 @@ def quantize_op(
     unsigned: Collection[str] = (),
     float_dequant: bool = False,
     weight_max_code: int | None = None,
+    act_offsets: PerOperand | None = None,
+    zero_points: bool = False,
 ) -> OpQuantization:
     """Quantize ``op``'s weight (if it has one) and insert QDQ on its activation inputs.
 
@@ -51,6 +66,8 @@ def quantize_op(
     float weight that is quantized (e.g. AdaRound's, whose nearest codes are the learned ones). Activations named in
     ``unsigned`` get the unsigned QDQ of :meth:`Graph.insert_act_qdq`; ``float_dequant`` reads the
     weight through cast -> multiply and ``weight_max_code`` bounds its codes (:meth:`Graph.quantize_weight`).
+    ``act_offsets`` (keyed like ``act_thresholds``) shift activations onto asymmetric grids
+    (:meth:`Graph.insert_act_qdq`'s ``offset``), deployed as zero points when ``zero_points``.
     """
     result = OpQuantization()
     activations = graph.activation_operands(op)
@@ -61,14 +78,11 @@ def quantize_op(
             weight, weight_bits, axis, weight_thresholds, float_dequant, max_code=weight_max_code, value=weight_value
         )
     for index, operand in enumerate(activations):
-        if isinstance(act_thresholds, Mapping):
-            threshold = float(act_thresholds.get(operand.name, 0.0))
-        elif isinstance(act_thresholds, Sequence):
-            threshold = float(act_thresholds[index])
-        else:
-            threshold = float(act_thresholds)
+        threshold = operand_value(act_thresholds, index, operand.name)
         if threshold > 0:
-            graph.insert_act_qdq(operand, threshold, activation_bits, unsigned=operand.name in unsigned)
+            offset = operand_value(act_offsets, index, operand.name) if act_offsets is not None else 0.0
+            graph.insert_act_qdq(operand, threshold, activation_bits, unsigned=operand.name in unsigned,
+                                 offset=offset, zero_point=zero_points)
             result.activations[operand.name] = threshold
         else:
             result.left_float.append(operand.name)
