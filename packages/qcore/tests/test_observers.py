@@ -265,3 +265,16 @@ def test_bad_settings_and_merges():
     cw = _observe(ChannelWiseAbsMaxObserver(0), [np.ones((3, 2))])
     with pytest.raises(DataError, match="channels"):
         cw.update(np.ones((4, 2)))
+
+
+def test_histogram_keeps_signed_min_and_max_through_merge_and_state():
+    batches = [np.array([-0.2, 3.0, 1.0]), np.array([0.5, -0.375, 7.5]), np.array([2.0])]
+    whole = _observe(HistogramObserver(bins=16), batches)
+    assert (whole.min, whole.max) == (-0.375, 7.5)
+    a, b = _observe(HistogramObserver(bins=16), batches[:1]), _observe(HistogramObserver(bins=16), batches[1:])
+    merged = a.merge(b)
+    assert (merged.min, merged.max) == (-0.375, 7.5)
+    restored = Observer.from_state(json.loads(json.dumps(merged.state(), default=np.ndarray.tolist)))
+    assert (restored.min, restored.max) == (-0.375, 7.5)
+    positive = _observe(HistogramObserver(bins=16), [np.array([0.25, 4.0])])
+    assert (positive.min, positive.max) == (0.25, 4.0)  # the first batch sets both, not 0

@@ -11,6 +11,7 @@ import pytest
 from qcore.errors import ConfigError, DataError
 from qcore.quant import (
     abs_max,
+    asymmetric_range,
     dequantize,
     fake_quantize,
     log_dequantize,
@@ -212,3 +213,31 @@ def test_log_quantize_float32_path_matches_float64(bits):
         slow, _ = log_quantize(x.astype(np.float64), bits, axis)
         assert fast.dtype == np.int8 and (fast != slow).mean() < 1e-3  # only near-ties may differ
         np.testing.assert_allclose(meta["absmax"], np.abs(x).max() if axis is None else np.abs(x).max(1))
+
+
+def test_asymmetric_range_hand_computed():
+    # a hardswish-like tensor: seen in [-0.375, 20], clipped at 8 -> 255 levels over [-0.375, 8]
+    half, offset = asymmetric_range(8.0, -0.375, 20.0, 8)
+    assert half == pytest.approx(8.375 / 2)
+    step = half / 127
+    assert offset / step == pytest.approx(round(offset / step), abs=1e-9)  # zero is a grid point
+    assert round(offset / step) == round((8.0 - 0.375) / 2 / step) == 116
+    assert offset - half <= -0.375 + step / 2 and offset + half >= 8.0 - step / 2  # the span is covered
+    # a relu output: [0, t] in 2*127 steps, zero the lowest level (unsigned int8)
+    half, offset = asymmetric_range(6.0, 0.0, 9.0, 8)
+    assert (half, offset) == (3.0, 3.0)
+    # nothing to gain: a tensor reaching both ends, or a threshold inside both ends
+    assert asymmetric_range(4.0, -5.0, 4.0, 8) == (4.0, 0.0)
+    assert asymmetric_range(1.0, -3.0, 3.0, 8) == (1.0, 0.0)
+    assert asymmetric_range(2.0, 0.0, 0.0, 8) == (2.0, 0.0)  # all zeros
+    assert asymmetric_range(1.0, -0.85, 1.0, 8) == (1.0, 0.0)  # 7.5 % finer: not worth a zero point
+    assert asymmetric_range(1.0, -0.75, 1.0, 8)[1] != 0.0  # 12.5 % finer
+
+
+def test_asymmetric_grid_error_is_at_most_half_the_symmetric_one_on_relu_outputs():
+    x = np.abs(np.random.default_rng(7).standard_normal(10000))
+    t = float(x.max())
+    half, offset = asymmetric_range(t, float(x.min()), t, 8)
+    symmetric = np.abs(fake_quantize(x, t, 8) - x).max()
+    asymmetric = np.abs(fake_quantize(x - offset, half, 8) + offset - x).max()
+    assert asymmetric <= symmetric / 2 + 1e-12

@@ -11,7 +11,7 @@ from qcore.deploy.openvino import OpenVinoTarget
 from qcore.errors import ConfigError
 from qcore.graph import open_graph
 from qcore.inference import create_predictor, predict, run_predictor
-from qcore.model_io import find_model_files, load_model
+from qcore.model_io import find_model_files, load_model, save_model
 from qptq import quant_post_static
 
 F = paddle.nn.functional
@@ -187,3 +187,81 @@ def test_auto_and_adaround_outputs_deploy_as_simulated_on_every_cpu_backend(ever
             ["onednn"] if get_target("onednn").host_problem() is None else [])
         for run in runs:
             assert _error(predict(files, {"x": x}, backend=run)[0], simulated) < 0.01, run
+
+
+def _zero_points(files) -> dict[str, int]:
+    """Activation quantize_linear input -> its stored zero point, read from the saved program as is."""
+    with paddle.pir_utils.OldIrGuard():
+        paddle.enable_static()
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        scope = paddle.static.Scope()
+        with paddle.static.scope_guard(scope):
+            program, _, _ = paddle.static.load_inference_model(str(files.directory), exe,
+                                                                model_filename=files.model_file.name,
+                                                                params_filename=files.params_file.name)
+            block = program.global_block()
+            assert not any(op.type == "elementwise_add" and op.input("Y")[0].endswith("@bias") for op in block.ops)
+            return {op.input("X")[0]: int(np.array(scope.find_var(op.input("ZeroPoint")[0]).get_tensor())[0])
+                    for op in block.ops if op.type == "quantize_linear"}
+
+
+def test_asymmetric_activations_deploy_as_zero_points_on_openvino(every_kind):
+    """abs_max on relu outputs: the grid is [0, max] (offset = threshold = max / 2, zero point -127); the
+    saved program carries zero points, loading it puts the shifts back, OpenVINO runs it as simulated."""
+    directory, x = every_kind
+    report = _quantize(directory, "asym", x, deploy_backend="openvino", activation_symmetric=False)
+    symmetric = _quantize(directory, "sym", x, deploy_backend="openvino")
+    inputs = {name: info for layer in report["layers"] for name, info in layer.get("inputs", {}).items()}
+    plain = {name: info for layer in symmetric["layers"] for name, info in layer.get("inputs", {}).items()}
+    shifted = [name for name, info in inputs.items() if info.get("offset")]
+    relu_outputs = [name for name in inputs if name.startswith("relu")]
+    assert len(relu_outputs) == 3 and set(relu_outputs) <= set(shifted)
+    for name in relu_outputs:
+        assert inputs[name]["offset"] == pytest.approx(inputs[name]["threshold"])
+        assert inputs[name]["threshold"] == pytest.approx(plain[name]["threshold"] / 2)
+    # x reaches [-3.90, 3.07]: 255 levels over that span, 10.7 % finer than over [-3.90, 3.90]
+    assert inputs["x"]["threshold"] == pytest.approx((3.8994217 + 3.0660367) / 2, rel=1e-6)
+    files = find_model_files(directory / "asym")
+    stored = _zero_points(files)
+    assert {name for name, z in stored.items() if z} == set(shifted)
+    for name in shifted:
+        assert stored[name] == -round(inputs[name]["offset"] / (inputs[name]["threshold"] / 127))
+    assert all(stored[name] == -127 for name in relu_outputs)
+    loaded = load_model(files)
+    shifts = [op for op in loaded.program.global_block().ops if op.has_attr("qcore_zero_point_shift")]
+    assert len(shifts) == 2 * len(shifted)
+    simulated = loaded.run({"x": x})[0]
+    float_out = load_model(directory / "float").run({"x": x})[0]
+    assert _error(predict(files, {"x": x}, backend="openvino")[0], simulated) < 0.01
+    sym_files = find_model_files(directory / "sym")
+    assert _error(simulated, float_out) < _error(load_model(sym_files).run({"x": x})[0], float_out)
+
+
+def test_a_loaded_asymmetric_model_saves_back_to_the_same_bytes(every_kind, tmp_path):
+    directory, x = every_kind
+    _quantize(directory, "asym_resave", x, deploy_backend="openvino", activation_symmetric=False)
+    files = find_model_files(directory / "asym_resave")
+    again = save_model(load_model(files), tmp_path / "again", files.model_file.name, files.params_file.name)
+    assert again.model_file.read_bytes() == files.model_file.read_bytes()
+    assert again.params_file.read_bytes() == files.params_file.read_bytes()
+
+
+def test_asymmetric_activations_save_as_shifts_for_the_native_backend(every_kind):
+    directory, x = every_kind
+    _quantize(directory, "asym_native", x, deploy_backend="native", activation_symmetric=False)
+    files = find_model_files(directory / "asym_native")
+    program = load_model(files).program.global_block().ops
+    shifts = [op for op in program if op.type == "elementwise_add" and op.input("Y")[0].endswith("@bias")]
+    assert shifts and not any(op.has_attr("qcore_zero_point_shift") for op in shifts)
+    np.testing.assert_allclose(predict(files, {"x": x}, backend="native")[0],
+                               load_model(files).run({"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", [None, "onednn", "tensorrt"])
+def test_backends_without_asymmetric_grids_refuse_them(every_kind, tmp_path, backend):
+    directory, x = every_kind
+    with pytest.raises(ConfigError, match="activation_symmetric=False: .* symmetric activation grids only"):
+        _quantize(directory, "refused", x, deploy_backend=backend, activation_symmetric=False)
+    assert not (directory / "refused").exists()
+    with pytest.raises(ConfigError, match="activation_symmetric='no' is not valid"):
+        _quantize(directory, "refused", x, deploy_backend="openvino", activation_symmetric="no")

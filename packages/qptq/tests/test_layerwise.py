@@ -10,7 +10,7 @@ from qcore.graph import open_graph
 from qcore.graph.replay import LayerReplay, replayable
 from qcore.inference import predict
 from qcore.model_io import load_model
-from qcore.quant import fake_quantize, qmax
+from qcore.quant import asymmetric_range, fake_quantize, qmax
 from qdemo.testing import save_tiny_net
 from qptq import quant_post_static
 from qptq.adaround import AdaRoundSettings, adaround
@@ -59,11 +59,15 @@ def test_eager_replay_gives_each_ops_own_output(tmp_path, fmt):
         np.testing.assert_allclose(y, yi, rtol=1e-4, atol=1e-5 * float(np.abs(yi).max()), err_msg=repr(op))
 
 
-def test_auto_picks_each_activations_candidate_with_the_least_layer_output_error(demo_model, demo_data, tmp_path):
+@pytest.mark.parametrize("asymmetric", [False, True])
+def test_auto_picks_each_activations_candidate_with_the_least_layer_output_error(demo_model, demo_data, tmp_path,
+                                                                                asymmetric):
     directory, _ = demo_model
     calib, _, _ = demo_data
+    grid = {"deploy_backend": "native", "activation_symmetric": False} if asymmetric else {}
     report = quant_post_static(None, directory, tmp_path / "auto", sample_generator=lambda: iter(calib),
-                               batch_size=25, algo="auto", save_model_filename=None, save_params_filename=None)
+                               batch_size=25, algo="auto", save_model_filename=None, save_params_filename=None,
+                               **grid)
     assert report["algo"] == "auto"
     fc = next(layer for layer in report["layers"] if layer["op"] == "mul")
     (name, info), = fc["inputs"].items()
@@ -74,7 +78,13 @@ def test_auto_picks_each_activations_candidate_with_the_least_layer_output_error
     w = graph.get_param(graph.weight_operand(op).name).astype(np.float64)
     x2 = x.reshape(len(x), -1).astype(np.float64)
     reference = x2 @ w
-    errors = {algo: float(np.sum((fake_quantize(x2, t, 8) @ w - reference) ** 2) / np.sum(reference**2))
+    seen = graph.run({"image": calib}, [graph.activation_operands(op)[0].value])[0]  # the whole calibration set
+
+    def on_grid(t: float) -> np.ndarray:  # the grid the activation deploys with
+        half, offset = asymmetric_range(t, float(seen.min()), float(seen.max()), 8) if asymmetric else (t, 0.0)
+        return fake_quantize(x2 - offset, half, 8) + offset
+
+    errors = {algo: float(np.sum((on_grid(t) @ w - reference) ** 2) / np.sum(reference**2))
               for algo, t in info["all_algos"].items() if algo != "auto" and t > 0}
     reported = info["auto"]["layer_output_error"]
     assert set(reported) == set(errors)
@@ -83,7 +93,12 @@ def test_auto_picks_each_activations_candidate_with_the_least_layer_output_error
     best = min(errors.values())
     assert reported[info["auto"]["algo"]] == pytest.approx(best, rel=1e-3)
     assert info["all_algos"]["auto"] == info["all_algos"][info["auto"]["algo"]]
-    assert info["threshold"] == pytest.approx(info["all_algos"]["auto"], rel=1e-6)
+    if asymmetric:  # a relu output: [0, t] on the 255 levels
+        assert seen.min() == 0.0
+        assert info["offset"] == pytest.approx(info["threshold"]) and info["threshold"] == pytest.approx(
+            info["all_algos"]["auto"] / 2, rel=1e-6)
+    else:
+        assert info["threshold"] == pytest.approx(info["all_algos"]["auto"], rel=1e-6)
     every = [i for layer in report["layers"] for i in layer["inputs"].values()]
     assert all("auto" in i for i in every)
 

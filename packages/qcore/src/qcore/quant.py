@@ -84,6 +84,10 @@ def bounded_thresholds(thresholds: ArrayLike, bits: int, max_code: int | None) -
     return thr if max_code is None else thr * (qmax(bits) / max_code)
 
 
+#: how much finer (relative step) an asymmetric grid must be than the symmetric one to be used
+ASYMMETRIC_MIN_GAIN = 0.1
+
+
 def asymmetric_range(threshold: float, lo: float, hi: float, bits: int) -> tuple[float, float]:
     """The ``(threshold, offset)`` of a grid for values seen in ``[lo, hi]``, clipped at ``threshold``.
 
@@ -92,11 +96,13 @@ def asymmetric_range(threshold: float, lo: float, hi: float, bits: int) -> tuple
     same ``2 * qmax(bits) + 1`` levels over that span instead: quantize ``x - offset`` with the
     returned, smaller threshold and add ``offset`` back. ``offset`` is a whole number of steps, so
     zero stays exactly representable (the integer zero point of an asymmetric int8 grid is
-    ``-offset / step``). A span that is not narrower than the symmetric one gives ``(threshold, 0.0)``.
+    ``-offset / step``). A span less than :data:`ASYMMETRIC_MIN_GAIN` narrower than the symmetric
+    one keeps the symmetric grid, ``(threshold, 0.0)``: a zero point costs the runtime a
+    compensation term per output.
     """
     a, b = max(lo, -threshold), min(hi, threshold)
     half = (b - a) / 2
-    if not 0 < half < threshold:
+    if not 0 < half <= threshold * (1 - ASYMMETRIC_MIN_GAIN):
         return threshold, 0.0
     step = half / qmax(bits)
     return half, round((a + b) / 2 / step) * step
