@@ -3,7 +3,8 @@
 For each model, quantized for OpenVINO (``deploy_backend="openvino"``) and scored deployed on the
 OpenVINO engine bundled in the paddlepaddle CPU wheel:
 
-* every single threshold algorithm and ``algo="auto"`` (test-set metric, deployed);
+* every single threshold algorithm and ``algo="auto"`` (test-set metric, deployed), and some of them
+  with asymmetric activation grids (``activation_symmetric=False``);
 * the accuracy budget: ``eval_function`` = the metric on a *validation* set (other rendered lines
   than the test set), deployed on OpenVINO, ``max_metric_drop`` = 1 point (rec) / 0.5 (cls, det);
   the chosen model is then scored on the test set; whole-job wall time (calibration + sensitivity
@@ -39,6 +40,7 @@ from qdemo import demo_model_dir, load_demo_data  # noqa: E402
 from qptq import quant_post_static  # noqa: E402
 
 ALGOS = ("abs_max", "kl", "hist", "mse", "emd", "avg", "auto")
+ASYMMETRIC_ALGOS = ("abs_max", "mse", "auto")  # activation_symmetric=False: zero points on OpenVINO
 BACKEND = "openvino"
 
 
@@ -103,23 +105,26 @@ def run_ocr(model: dict, root: Path, work: Path, repeats: int) -> list[str]:
     score(model, source, "val")  # det: the float maps of the validation split are its reference
     rows = {"float": [float_text, "-", "-"]}
     variants, seconds, single = {"float": source}, {}, {}
-    for algo in ALGOS:
-        out = work / f"{model['folder']}_{algo}"
-        _, seconds[algo] = quantize(model, source, out, algo=algo)
-        variants[algo] = find_model_files(out)
-        single[algo], text = score(model, variants[algo], "test")
-        rows[algo] = [text, f"{single[algo] - float_test:+.1f}", "0"]
-        print(algo, rows[algo], flush=True)
+    singles = [(algo, {"algo": algo}) for algo in ALGOS]
+    singles += [(f"{algo}, asymmetric", {"algo": algo, "activation_symmetric": False}) for algo in ASYMMETRIC_ALGOS]
+    for label, options in singles:
+        out = work / f"{model['folder']}_{label.replace(', ', '_')}"
+        _, seconds[label] = quantize(model, source, out, **options)
+        variants[label] = find_model_files(out)
+        single[label], text = score(model, variants[label], "test")
+        rows[label] = [text, f"{single[label] - float_test:+.1f}", "0"]
+        print(label, rows[label], flush=True)
 
     def on_validation(files: ModelFiles) -> float:
         return score(model, files, "val")[0] / 100
 
-    for algo in ("auto", max((a for a in ALGOS if a != "auto"), key=lambda a: single[a])):
-        out = work / f"{model['folder']}_{algo}_budget"
-        report, elapsed = quantize(model, source, out, algo=algo, eval_function=on_validation,
-                                   max_metric_drop=model["drop"] / 100)
+    budgets = [("auto", {"algo": "auto"}), ("auto, asymmetric", {"algo": "auto", "activation_symmetric": False})]
+    for name, options in budgets:
+        out = work / f"{model['folder']}_{name.replace(', ', '_')}_budget"
+        report, elapsed = quantize(model, source, out, eval_function=on_validation,
+                                   max_metric_drop=model["drop"] / 100, **options)
         budget = report["budget"]
-        label = (f"budget {model['drop']} pt, {algo} ({budget['evaluations']} evaluations, "
+        label = (f"budget {model['drop']} pt, {name} ({budget['evaluations']} evaluations, "
                  f"{'met' if budget['met'] else 'NOT met'} on validation)")
         variants[label], seconds[label] = find_model_files(out), elapsed
         test, text = score(model, variants[label], "test")

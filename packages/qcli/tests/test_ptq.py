@@ -97,6 +97,22 @@ def test_static_for_openvino_is_verified_there(demo_arrays, tmp_path, capsys):
     assert "| openvino |" in capsys.readouterr().out
 
 
+def test_asymmetric_static_for_openvino_is_verified_there(demo_arrays, tmp_path, capsys):
+    out = tmp_path / "ov_asym"
+    assert main(["ptq", "static", str(demo_model_dir("legacy")), str(out), "--data", str(demo_arrays / "calib.npy"),
+                 "--algo", "abs_max", "--backend", "openvino", "--asymmetric",
+                 "--eval-data", str(demo_arrays / "x.npy")]) == 0
+    report = json.loads((tmp_path / "ov_asym.report.json").read_text())
+    offsets = [info["offset"] for layer in report["layers"] for info in layer.get("inputs", {}).values()
+               if "offset" in info]
+    assert offsets  # the demo's relu outputs
+    row = report["verified"]["openvino"]
+    assert row["deployed_vs_simulated"] < 1e-3 and 0 < row["int8_vs_float"] < 0.2
+    assert main(["ptq", "static", str(demo_model_dir("legacy")), str(tmp_path / "no"), "--data",
+                 str(demo_arrays / "calib.npy"), "--backend", "onednn", "--asymmetric"]) != 0
+    assert "symmetric activation grids only" in capsys.readouterr().err
+
+
 def test_default_output_is_verified_on_every_cpu_backend(demo_arrays, tmp_path):
     assert main(["ptq", "static", str(demo_model_dir("pir")), str(tmp_path / "int8"), "--data",
                  str(demo_arrays / "calib.npy"), "--algo", "abs_max"]) == 0

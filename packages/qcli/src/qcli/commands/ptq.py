@@ -50,6 +50,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "least layer output error")
     static.add_argument("--round-type", default="round", choices=ROUND_TYPES,
                         help="weight rounding: round (to nearest) or adaround (learned per layer)")
+    static.add_argument("--asymmetric", action="store_true",
+                        help="activations on asymmetric grids over the range each one reaches (zero points; "
+                             "--backend openvino or native)")
     static.add_argument("--batch-size", type=int, default=10)
     static.add_argument("--batch-nums", type=int, default=None, help="stop after this many batches")
     static.add_argument(
@@ -130,7 +133,8 @@ def run_static(args: argparse.Namespace) -> int:
         weight_bits=args.weight_bits, activation_bits=args.activation_bits,
         weight_quantize_type=args.weight_quantize_type, optimize_model=not args.no_fold_bn,
         hist_percent=args.hist_percent, skip_patterns=args.skip_pattern, bias_correction=args.bias_correction,
-        progress=True, deploy_backend=args.backend, round_type=args.round_type, **options,
+        progress=True, deploy_backend=args.backend, round_type=args.round_type,
+        activation_symmetric=False if args.asymmetric else None, **options,
     )
     report = {"method": "static", **ptq_report}
     return _finish(args, source, find_model_files(args.out), report, time.perf_counter() - start)

@@ -3,7 +3,8 @@
 Quantized form: the format Paddle Inference's legacy oneDNN int8 passes consume, i.e.
 ``quantize_linear -> dequantize_linear`` on activations and int8/int16-stored weights read
 through ``dequantize_linear`` with per-channel scales. The ``Scale`` input of both ops is the
-threshold (Paddle divides by ``qmax`` itself); zero points are int32 zeros.
+threshold (Paddle divides by ``qmax`` itself); zero points are int32 zeros, except on the
+asymmetric grids of runtimes that read them (:mod:`qcore.zero_points`).
 """
 
 from __future__ import annotations
