@@ -7,6 +7,7 @@ import paddle
 import pytest
 
 from qcore.deploy import get_target, host
+from qcore.deploy import openvino
 from qcore.deploy.openvino import OpenVinoTarget
 from qcore.errors import ConfigError
 from qcore.graph import open_graph
@@ -265,3 +266,43 @@ def test_backends_without_asymmetric_grids_refuse_them(every_kind, tmp_path, bac
     assert not (directory / "refused").exists()
     with pytest.raises(ConfigError, match="activation_symmetric='no' is not valid"):
         _quantize(directory, "refused", x, deploy_backend="openvino", activation_symmetric="no")
+
+
+class Excited(paddle.nn.Layer):
+    """A conv whose output a squeeze-excite branch scales: ``y + y * hardsigmoid(se(y))`` (PP-OCRv4 det's RSE)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = paddle.nn.Conv2D(3, 8, 3, padding=1)
+        self.proj = paddle.nn.Conv2D(8, 8, 1, bias_attr=False)
+        self.squeeze = paddle.nn.Conv2D(8, 2, 1)
+        self.excite = paddle.nn.Conv2D(2, 8, 1)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        y = self.proj(F.relu(self.conv(x)))
+        s = F.hardsigmoid(self.excite(F.relu(self.squeeze(F.adaptive_avg_pool2d(y, 1)))))
+        return y + y * s
+
+
+def test_openvino_keeps_a_conv_scaled_by_another_activation_float(tmp_path, monkeypatch):
+    paddle.seed(0)
+    net = Excited()
+    net.eval()
+    with paddle.pir_utils.DygraphOldIrGuard():
+        paddle.jit.save(net, str(tmp_path / "float" / "inference"),
+                        input_spec=[paddle.static.InputSpec([None, 3, 8, 8], "float32", "x")])
+    x = np.random.default_rng(0).standard_normal((16, 3, 8, 8)).astype("float32")
+
+    def deployed_error(name: str) -> tuple[dict, float]:
+        report = _quantize(tmp_path, name, x, deploy_backend="openvino")
+        files = find_model_files(tmp_path / name)
+        return report, _error(predict(files, {"x": x}, backend="openvino")[0], load_model(files).run({"x": x})[0])
+
+    report, error = deployed_error("rule")
+    reasons = [layer.get("left_float", "") for layer in report["layers"] if layer["op"] == "conv2d"]
+    assert sum("squeeze-excite" in r for r in reasons) == 1 and reasons.count("") == 3  # proj only
+    assert error < 1e-3
+    monkeypatch.setattr(openvino, "excited_convs", lambda graph: set())  # without the rule OpenVINO drifts
+    report, error = deployed_error("no_rule")
+    assert not any("left_float" in layer for layer in report["layers"])
+    assert error > 0.01
