@@ -6,8 +6,7 @@ import numpy as np
 import paddle
 import pytest
 
-from qcore.deploy import get_target, host
-from qcore.deploy import openvino
+from qcore.deploy import get_target, host, openvino
 from qcore.deploy.openvino import OpenVinoTarget
 from qcore.errors import ConfigError
 from qcore.graph import open_graph

@@ -78,7 +78,7 @@ class PTQConfig:
     deploy_backend: str | None
     onnx_format: bool | None
     round_type: str
-    activation_symmetric: bool | None  # None: the target's default (DeployTarget.asymmetric_activations)
+    activation_symmetric: bool | None  # None or True: symmetric grids; False: asymmetric (qcore.quant.asymmetric_range)
     skip_tensor_list: Sequence[str] | None
     eval_function: EvalFunction | None
     max_metric_drop: float | None
@@ -139,7 +139,7 @@ class PTQConfig:
         symmetric = self.activation_symmetric
         if symmetric not in (None, True, False):
             raise ConfigError(f"activation_symmetric={symmetric!r} is not valid; use True, False or None")
-        asymmetric = not target.symmetric_activations if symmetric is None else not symmetric
+        asymmetric = symmetric is False  # None (the default) is symmetric on every target
         if asymmetric and not target.asymmetric_activations:
             raise ConfigError(f"activation_symmetric=False: {target.name} runs symmetric activation grids only; "
                               "use deploy_backend='openvino' or 'native', or leave activation_symmetric unset")

@@ -118,8 +118,6 @@ class DeployTarget(ABC):
     asymmetric_activations: ClassVar[bool] = False
     #: reads the ``ZeroPoint`` of activation QDQ pairs (asymmetric grids deploy as zero points, not shifts)
     activation_zero_points: ClassVar[bool] = False
-    #: the default grid when the user does not choose (``activation_symmetric=None``)
-    symmetric_activations: ClassVar[bool] = True
     #: runs int8 dot products on an x86 CPU, where without VNNI they saturate (:mod:`qcore.deploy.host`)
     cpu_int8: ClassVar[bool] = False
 
