@@ -38,17 +38,20 @@ class EveryKind(paddle.nn.Layer):
 OP_TYPES = ["conv2d", "depthwise_conv2d", "conv2d_transpose", "mul"]
 
 
-@pytest.fixture(scope="module")
-def every_kind(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("every_kind")
+def _save_float(layer: type[paddle.nn.Layer], directory) -> tuple[object, np.ndarray]:
+    """``layer`` (seeded, eval mode) saved as a legacy model in ``directory/float``, and 16 inputs for it."""
     paddle.seed(0)
-    net = EveryKind()
+    net = layer()
     net.eval()
     with paddle.pir_utils.DygraphOldIrGuard():
         paddle.jit.save(net, str(directory / "float" / "inference"),
                         input_spec=[paddle.static.InputSpec([None, 3, 8, 8], "float32", "x")])
-    x = np.random.default_rng(0).standard_normal((16, 3, 8, 8)).astype("float32")
-    return directory, x
+    return directory, np.random.default_rng(0).standard_normal((16, 3, 8, 8)).astype("float32")
+
+
+@pytest.fixture(scope="module")
+def every_kind(tmp_path_factory):
+    return _save_float(EveryKind, tmp_path_factory.mktemp("every_kind"))
 
 
 def _quantize(directory, name, x, algo="abs_max", **options):
@@ -284,13 +287,7 @@ class Excited(paddle.nn.Layer):
 
 
 def test_openvino_keeps_a_conv_scaled_by_another_activation_float(tmp_path, monkeypatch):
-    paddle.seed(0)
-    net = Excited()
-    net.eval()
-    with paddle.pir_utils.DygraphOldIrGuard():
-        paddle.jit.save(net, str(tmp_path / "float" / "inference"),
-                        input_spec=[paddle.static.InputSpec([None, 3, 8, 8], "float32", "x")])
-    x = np.random.default_rng(0).standard_normal((16, 3, 8, 8)).astype("float32")
+    _, x = _save_float(Excited, tmp_path)
 
     def deployed_error(name: str) -> tuple[dict, float]:
         report = _quantize(tmp_path, name, x, deploy_backend="openvino")
