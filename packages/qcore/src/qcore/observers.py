@@ -352,10 +352,10 @@ class HistogramObserver(Observer):
         if a.dtype != np.float32 or a.size == 0:  # float32 activations skip the float64 copy
             a = as_finite(a)
         lo, hi = float(a.min()), float(a.max())
-        a = np.abs(a).ravel()
-        m = float(a.max())
-        if not math.isfinite(m):  # NaN propagates through max
+        if not (math.isfinite(lo) and math.isfinite(hi)):  # NaN propagates through min and max
             as_finite(array)  # raises the DataError that counts them
+        m = max(-lo, hi)  # the abs max, without another pass over the batch
+        a = np.abs(a).ravel()
         self.min, self.max = (min(self.min, lo), max(self.max, hi)) if self.count else (lo, hi)
         if m > self.upper:
             self._grow(m)

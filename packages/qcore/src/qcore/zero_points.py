@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import paddle
 
+from .quant import scale_from_threshold
+
 #: Attribute of a shift op (an ``elementwise_add`` of a one-element constant) that a saved program
 #: carries as its QDQ pair's zero point instead.
 SHIFT_ATTR = "qcore_zero_point_shift"
@@ -78,7 +80,7 @@ def unfold_zero_points(program: Any, scope: Any) -> int:
                            and d.input("X") == op.output("Y")), None)
         if dequantize is None:
             continue
-        step = float(_param(scope, op.input("Scale")[0]).ravel()[0]) / (2 ** (op.attr("bit_length") - 1) - 1)
+        step = scale_from_threshold(float(_param(scope, op.input("Scale")[0]).ravel()[0]), op.attr("bit_length"))
         offset = -float(z[0]) * step
         shifted, restored = f"{x}.zp_shifted", f"{dequantize.output('Y')[0]}.zp_restored"
         insert_shift(block, scope, index - 1, x, shifted, f"{shifted}@bias", -offset, True)

@@ -10,12 +10,13 @@ rules finish the graph (e.g. the oneDNN simulation of int8 outputs).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..graph import Graph, OpQuantization, quantize_op
+from ..graph.rewrite import PerOperand
 from .base import ModelRules, OpTarget
 
 log = logging.getLogger(__name__)
@@ -32,12 +33,12 @@ class Planned:
 
     target: OpTarget
     # by activation name, by position in ``Graph.activation_operands`` (PIR names shift), or one for all
-    act_thresholds: Mapping[str, float] | Sequence[float] | float
+    act_thresholds: PerOperand
     per_channel: bool = True
     weight_thresholds: np.ndarray | None = None  # None: the weight's abs max
     weight_value: np.ndarray | None = None  # the float weight to store (None: the parameter's; AdaRound's)
     keep_float: str | None = None  # the caller's reason to leave this op float (e.g. an accuracy budget)
-    act_offsets: Mapping[str, float] | Sequence[float] | None = None  # asymmetric grids, keyed like the thresholds
+    act_offsets: PerOperand | None = None  # asymmetric grids, keyed like the thresholds
 
 
 @dataclass

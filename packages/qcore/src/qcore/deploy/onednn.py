@@ -157,8 +157,9 @@ def deployed_thresholds(graph: Graph, thresholds: Mapping[str, float]) -> dict[s
     return scales
 
 
-class _Dataflow:
-    """Who makes and who reads each var of a legacy graph, and what oneDNN's fuse passes fold into a conv."""
+class Dataflow:
+    """Who makes and who reads each var of a legacy graph, and what oneDNN's fuse passes fold into a conv
+    (OpenVINO's rules read it too)."""
 
     def __init__(self, graph: Graph) -> None:
         self.ops = graph.ops()
@@ -217,7 +218,7 @@ def int8_written(graph: Graph, quantized: Iterable[OpRef], activations: Iterable
     """
     if graph.family != "legacy":
         return set()
-    flow = _Dataflow(graph)
+    flow = Dataflow(graph)
     ids = {id(op.raw) for op in quantized}
     residual_convs = {id(f.add.raw): f.conv for f in residual_fusions(graph)}
     found = set()
@@ -252,7 +253,7 @@ def unsigned_activations(graph: Graph) -> set[str]:
     """
     if graph.family != "legacy":
         return set()
-    flow = _Dataflow(graph)
+    flow = Dataflow(graph)
     found = set()
     for op in flow.ops:
         if op.type != "relu":
@@ -327,7 +328,7 @@ class ResidualFusion:
 def residual_fusions(graph: Graph) -> list[ResidualFusion]:
     """The residual adds ``conv_elementwise_add_onednn_fuse_pass`` folds into a conv.
 
-    An input qualifies when a conv made it (:meth:`_Dataflow.conv_behind`) and only the add reads
+    An input qualifies when a conv made it (:meth:`Dataflow.conv_behind`) and only the add reads
     it. With two such inputs, the conv fused is the one downstream of the other conv's input (a
     projection shortcut stays the residual); with one, the other input must reach it. The fused
     conv's output never exists as a tensor, so a QDQ on it simulates a rounding Paddle Inference
@@ -336,7 +337,7 @@ def residual_fusions(graph: Graph) -> list[ResidualFusion]:
     """
     if graph.family != "legacy":
         return []
-    flow = _Dataflow(graph)
+    flow = Dataflow(graph)
     found = []
 
     def fusion(add: OpRef, conv: OpRef, residual: str) -> ResidualFusion:
@@ -431,7 +432,7 @@ def align_residual_signs(graph: Graph) -> list[str]:
     rewritten: list[str] = []
     while True:
         unsigned = unsigned_activations(graph)
-        flow = _Dataflow(graph)
+        flow = Dataflow(graph)
         relus = {}  # the unsigned side of every mismatch; unsigned vars are relu outputs
         for fusion in residual_fusions(graph):
             if (fusion.output in unsigned) != (fusion.residual in unsigned):
@@ -465,7 +466,7 @@ def pooled_residual_outputs(graph: Graph, quantized_inputs: Iterable[str]) -> li
     if graph.family != "legacy":
         return []
     scaled = deployed_thresholds(graph, dict.fromkeys(quantized_inputs, 1.0))
-    flow = _Dataflow(graph)
+    flow = Dataflow(graph)
     by_raw = {id(op.raw): op for op in flow.ops}
     found = []
     for fusion in residual_fusions(graph):

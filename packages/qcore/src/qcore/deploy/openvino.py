@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..optable import CONV_TYPES
 from .base import DeployTarget, ModelRules, OpTarget
-from .onednn import fused_residual_inputs
+from .onednn import Dataflow, fused_residual_inputs
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -71,20 +71,17 @@ def excited_convs(graph: Graph) -> set[int]:
     of two activations reads (``y * hardsigmoid(se(y))``). Empty for PIR graphs."""
     if graph.family != "legacy":
         return set()
-    params = set(graph.param_names())
-    readers: dict[str, list[Any]] = {}
-    for op in graph.ops():
-        for name in op.raw.input_arg_names:
-            readers.setdefault(name, []).append(op.raw)
+    flow = Dataflow(graph)
 
     def excited(name: str) -> bool:
-        return any(r.type == "elementwise_mul" and params.isdisjoint(r.input_arg_names) for r in readers.get(name, []))
+        return any(r.type == "elementwise_mul" and flow.params.isdisjoint(r.input_arg_names)
+                   for r in flow.readers.get(name, []))
 
     found = set()
     for conv in graph.ops(sorted(CONV_TYPES)):
         out = graph.output(conv)
-        biased = [r.output("Out")[0] for r in readers.get(out, [])
-                  if r.type == "elementwise_add" and not params.isdisjoint(r.input("Y"))]
+        biased = [r.output("Out")[0] for r in flow.readers.get(out, [])
+                  if r.type == "elementwise_add" and not flow.params.isdisjoint(r.input("Y"))]
         if any(excited(name) for name in (out, *biased)):
             found.add(id(conv.raw))
     return found
