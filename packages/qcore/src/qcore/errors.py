@@ -38,3 +38,7 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     by_lower = {str(c).lower(): str(c) for c in choices}
     close = difflib.get_close_matches(str(word).lower(), list(by_lower), n=1, cutoff=0.6)
     return f" (did you mean '{by_lower[close[0]]}'?)" if close else ""
+
+
+class ExportError(QuantError, ValueError):
+    """A model cannot be written in an exchange format (ONNX): a missing converter, an unsupported grid or op."""

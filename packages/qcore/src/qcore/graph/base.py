@@ -65,6 +65,40 @@ class QuantizedWeight:
         return dequantize(self.codes, scale_from_threshold(thr, self.bits), self.axis)
 
 
+@dataclass(frozen=True)
+class ActivationGrid:
+    """The integer grid one activation QDQ pair runs: ``x' = (clip(round(x / step) + zero_point, qmin, qmax)
+    - zero_point) * step``. Symmetric grids have ``zero_point`` 0; unsigned ones ``qmin`` 0."""
+
+    step: float
+    zero_point: int
+    qmin: int
+    qmax: int
+
+
+@dataclass(frozen=True)
+class StoredWeight:
+    """An integer-stored weight as :meth:`Graph.unquantize` left it: float parameter ``name`` holds
+    ``codes * steps`` (one step per channel along ``axis``, or one for all when ``axis`` is None)."""
+
+    name: str
+    codes: np.ndarray
+    steps: np.ndarray
+    axis: int | None
+
+
+@dataclass
+class Unquantized:
+    """What :meth:`Graph.unquantize` took out of a quantized program.
+
+    Each activation QDQ pair became a float32 -> float32 ``cast`` (a *marker*): ``markers`` maps
+    the marker's position among all the program's casts (program order) to the pair's grid.
+    """
+
+    markers: dict[int, ActivationGrid]
+    weights: list[StoredWeight]
+
+
 class Graph(ABC):
     """One graph interface over PIR and legacy programs (see ``legacy.py`` and ``pir.py``)."""
 
@@ -408,6 +442,29 @@ class Graph(ABC):
 
     def _editing(self) -> Any:
         return static_mode(self.model.family, self.model.scope)  # type: ignore[arg-type]
+
+    # ---- reading a quantized program back ---------------------------------------------
+    def unquantize(self) -> Unquantized:
+        """Turn this (quantized) program into its float form, in place, and return what was taken out.
+
+        Every activation QDQ pair becomes a marker cast, every integer-stored weight a float
+        parameter holding the dequantized values (so the float program computes exactly what
+        the quantized one does without the rounding). Call it on a :meth:`clone`. Exporters
+        (:mod:`qcore.export`) write the returned grids and codes back in their own format.
+        """
+        with self._editing():
+            markers, weights = self._unquantize()
+            cast_ids = [id(raw) for raw in self._raw_ops() if self._op_type(raw) == self._CAST]
+        grids = {}
+        for raw, grid in markers:
+            grids[next(k for k, c in enumerate(cast_ids) if c == id(raw))] = grid
+        return Unquantized(grids, weights)
+
+    _CAST: str  # the backend's cast op type
+
+    @abstractmethod
+    def _unquantize(self) -> tuple[list[tuple[Any, ActivationGrid]], list[StoredWeight]]:
+        """Replace QDQ pairs by marker casts and stored weights by float ones; the markers' raw ops."""
 
     # ---- whole graph ----------------------------------------------------------------
     @abstractmethod

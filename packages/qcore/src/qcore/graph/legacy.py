@@ -16,9 +16,9 @@ from paddle.base import core
 
 from ..model_io import Model
 from ..optable import CONV_TYPES
-from ..quant import qmax, scale_from_threshold
-from ..zero_points import insert_shift
-from .base import Graph, Operand, OpRef, QuantizedWeight
+from ..quant import dequantize, qmax, scale_from_threshold
+from ..zero_points import fold_shifts, insert_shift
+from .base import ActivationGrid, Graph, Operand, OpRef, QuantizedWeight, StoredWeight
 
 _FLOATS = (core.VarDesc.VarType.FP32, core.VarDesc.VarType.FP64, core.VarDesc.VarType.FP16)
 _INT_DTYPES = {8: core.VarDesc.VarType.INT8, 16: core.VarDesc.VarType.INT16}
@@ -26,6 +26,7 @@ _INT_DTYPES = {8: core.VarDesc.VarType.INT8, 16: core.VarDesc.VarType.INT16}
 
 class LegacyGraph(Graph):
     family = "legacy"
+    _CAST = "cast"
 
     def __init__(self, model: Model) -> None:
         super().__init__(model)
@@ -309,6 +310,84 @@ class LegacyGraph(Graph):
             )
             at += 1
         self.block._remove_op(at)
+
+    # ---- reading a quantized program back ---------------------------------------------
+    def _unquantize(self) -> tuple[list[tuple[Any, ActivationGrid]], list[StoredWeight]]:
+        fold_shifts(self.model.program)  # zero points stand for the shifts again
+        markers: list[tuple[Any, ActivationGrid]] = []
+        weights: list[StoredWeight] = []
+        index = 0
+        while index < len(self.block.ops):
+            op = self.block.ops[index]
+            source = op.input("X")[0] if "X" in op.input_names and op.input("X") else None
+            persistable = source is not None and self.block._find_var_recursive(source).persistable
+            if op.type == "quantize_linear" and not persistable:
+                grid = self._grid(op)
+                markers.append((self._marker_for_pair(index), grid))
+            elif persistable and op.type in ("dequantize_linear", "cast"):
+                chain = [op] if op.type == "dequantize_linear" else [op, self._single_consumer(op.output("Out")[0])]
+                if chain[-1] is not None and chain[-1].type in ("dequantize_linear", "elementwise_mul"):
+                    weights.extend(self._float_weight(chain))
+                    continue  # the next op moved to ``index``
+            index += 1
+        return markers, weights
+
+    def _grid(self, quantize: Any) -> ActivationGrid:
+        bits = quantize.attr("bit_length")
+        top = quantize.attr("qmax") if quantize.has_attr("qmax") else qmax(bits)
+        unsigned = quantize.has_attr("qmin") and quantize.attr("qmin") >= 0
+        zero = int(self.get_param(quantize.input("ZeroPoint")[0]).ravel()[0]) if quantize.input("ZeroPoint") else 0
+        threshold = float(self.get_param(quantize.input("Scale")[0]).ravel()[0])
+        return ActivationGrid(threshold / top, zero, 0 if unsigned else -top - 1, top)
+
+    def _marker_for_pair(self, index: int) -> Any:
+        """Replace the pair ``quantize_linear`` (at ``index``) -> ``dequantize_linear`` by one marker cast."""
+        quantize = self.block.ops[index]
+        at, dequantize = next((i, o) for i, o in enumerate(self.block.ops) if i > index
+                              and o.type == "dequantize_linear" and o.input("X") == quantize.output("Y"))
+        params = [quantize.input(slot)[0] for slot in ("Scale", "ZeroPoint") if quantize.input(slot)]
+        source, codes, out = quantize.input("X")[0], quantize.output("Y")[0], dequantize.output("Y")[0]
+        self.block._remove_op(at)
+        self.block._remove_op(index)  # ``quantize`` and ``dequantize`` are gone: not to be read again
+        self.block._remove_var(codes)
+        self.block._insert_op(index, type="cast", inputs={"X": [source]}, outputs={"Out": [out]},
+                              attrs={"in_dtype": core.VarDesc.VarType.FP32, "out_dtype": core.VarDesc.VarType.FP32})
+        for name in params:
+            self._drop_if_unused(name)
+        return self.block.ops[index]
+
+    def _float_weight(self, chain: list[Any]) -> list[StoredWeight]:
+        """Replace the dequantizing ``chain`` of an integer weight by a float parameter.
+
+        ``dequantize_linear`` reads thresholds, cast -> ``elementwise_mul`` steps. Codes wider than 8 bits
+        come back as a float weight only (no record): they have no int8 form to export.
+        """
+        codes_name = chain[0].input("X")[0]
+        codes = self.get_param(codes_name)
+        if chain[0].type == "dequantize_linear":
+            axis = chain[0].attr("quant_axis")
+            steps = scale_from_threshold(self.get_param(chain[0].input("Scale")[0]).ravel(), chain[0].attr("bit_length"))
+        else:
+            steps = self.get_param(chain[1].input("Y")[0]).ravel()
+            axis = chain[1].attr("axis") if steps.size > 1 else -1
+        axis = None if axis < 0 or steps.size == 1 else axis
+        steps = np.asarray(steps, np.float32)
+        value = dequantize(codes, steps if axis is not None else float(steps[0]), axis).astype(np.float32)
+        base = codes_name[: -len(".quantized")] if codes_name.endswith(".quantized") else codes_name
+        name = self._add_param(self._new_param_name(f"{base}.float"), value)
+        out = chain[-1].output_arg_names[0]
+        for reader in self.block.ops:
+            if out in reader.input_arg_names:
+                reader._rename_input(out, name)
+        inputs = [n for op in chain for n in op.input_arg_names]
+        outputs = [n for op in chain for n in op.output_arg_names]
+        for op in chain:
+            self.block._remove_op(self._index(op))
+        for n in outputs:
+            self.block._remove_var(n)
+        for n in inputs:
+            self._drop_if_unused(n)
+        return [StoredWeight(name, codes, steps, axis)] if codes.dtype == np.int8 else []
 
     def clone(self) -> LegacyGraph:
         model = self.model

@@ -25,10 +25,11 @@ import paddle
 from ..errors import GraphError
 from ..model_io import Model
 from ..optable import CONV_TYPES
-from ..quant import scale_from_threshold
-from .base import Graph, Operand, OpRef, QuantizedWeight
+from ..quant import qmax, scale_from_threshold
+from .base import ActivationGrid, Graph, Operand, OpRef, QuantizedWeight, StoredWeight
 
 _PARAM_OP = "builtin.parameter"
+_ACT_QDQ = "pd_op.fake_quantize_dequantize_moving_average_abs_max"
 _FLOAT_DTYPES = (paddle.float32, paddle.float64, paddle.float16, paddle.bfloat16)
 
 
@@ -41,6 +42,7 @@ def _defining_op(value: Any) -> Any | None:
 
 class PirGraph(Graph):
     family = "pir"
+    _CAST = "pd_op.cast"
 
     def __init__(self, model: Model) -> None:
         super().__init__(model)
@@ -288,6 +290,51 @@ class PirGraph(Graph):
         self.block.remove_op(bn.raw)
         for value in inputs:
             self._drop_if_unused(value)
+
+    # ---- reading a quantized program back ---------------------------------------------
+    def _unquantize(self) -> tuple[list[tuple[Any, ActivationGrid]], list[StoredWeight]]:
+        markers: list[tuple[Any, ActivationGrid]] = []
+        weights: list[StoredWeight] = []
+        for op in [o for o in self.block.ops if o.name() == _ACT_QDQ]:
+            top = qmax(int(op.attrs()["bit_length"]))
+            threshold = float(self.get_param(self._param_name(op.operand_source(1))).ravel()[0])
+            with self._inserting_before(op):
+                marker = paddle._C_ops.cast(op.operand_source(0), paddle.float32)
+            self._replace_result(op, marker)
+            markers.append((marker.get_defining_op(), ActivationGrid(threshold / top, 0, -top - 1, top)))
+        for name in [n for n in self.param_names() if self.get_param(n).dtype.kind == "i"]:
+            weights.extend(self._float_weight(self._param_value(name).get_defining_op()))
+        return markers, weights
+
+    def _replace_result(self, op: Any, value: Any) -> None:
+        """Make every reader (and fetch) of ``op``'s first result read ``value``; remove ``op`` and the
+        parameters only it read."""
+        old = op.result(0)
+        old.replace_all_uses_with(value)
+        self.model.fetch_targets = [value if t.is_same(old) else t for t in self.model.fetch_targets]
+        inputs = [op.operand_source(i) for i in range(op.num_operands())]
+        self.block.remove_op(op)
+        for source in inputs:
+            self._drop_if_unused(source)
+
+    def _float_weight(self, param: Any) -> list[StoredWeight]:
+        """Replace an integer parameter read through cast -> multiply by the float parameter it stands for."""
+        users = param.result(0).all_used_ops()
+        cast = users[0] if len(users) == 1 and users[0].name() == "pd_op.cast" else None
+        multiply = self._single_user(cast.result(0)) if cast is not None else None
+        if multiply is None or multiply.name() != "pd_op.multiply":
+            return []  # an integer table read by a lookup, or an integer input of the model's own
+        codes_name = param.attrs()["parameter_name"]
+        codes = self.get_param(codes_name)
+        steps = self.get_param(self._param_name(multiply.operand_source(1)))
+        axis = next((i for i, n in enumerate(steps.shape) if n > 1), None)
+        value = (codes * steps).astype(np.float32)
+        base = codes_name[: -len(".quantized")] if codes_name.endswith(".quantized") else codes_name
+        name = self._new_param_name(f"{base}.float")
+        self._replace_result(multiply, self._add_param(name, value, multiply))
+        self.block.remove_op(cast)
+        self._drop_if_unused(param.result(0))
+        return [StoredWeight(name, codes, steps.ravel().astype(np.float32), axis)] if codes.dtype == np.int8 else []
 
     def clone(self) -> PirGraph:
         model = self.model

@@ -1,0 +1,143 @@
+"""Writing a toolkit model's quantization into a float ONNX graph as standard QDQ.
+
+The float graph comes from paddle2onnx with each activation QDQ pair of the Paddle model
+standing as a marker ``Cast`` (float -> float) and each integer weight as a float initializer
+(:meth:`qcore.graph.Graph.unquantize`). This module replaces them:
+
+* a marker becomes one ``QuantizeLinear -> DequantizeLinear`` pair **per reader** (same scale and
+  zero point): ONNX Runtime fuses a pair into an int8 kernel only when it feeds that kernel
+  alone, and OpenVINO and TensorRT read either form;
+* a weight becomes an int8 initializer read through ``DequantizeLinear`` (per-channel scales
+  along the Paddle weight's channel axis, which paddle2onnx keeps), one per reader.
+
+Activations are written ``uint8`` (ONNX Runtime runs int8 kernels only for U8S8: uint8
+activations, int8 weights) or ``int8`` (TensorRT's explicit quantization wants symmetric int8).
+Nothing here decides what is quantized: the Paddle model's QDQ pairs, placed by its deployment
+target's rules, are written as they are, and the exported model computes what the Paddle
+model's simulation computes (round half to even, the same clipping).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import ExportError
+from ..graph.base import ActivationGrid, StoredWeight, Unquantized
+
+if TYPE_CHECKING:
+    import onnx
+
+#: paddle2onnx's name for the output of the ``k``-th ``cast`` of a program.
+MARKER_NAME = "p2o.pd_op.cast.{}.0"
+#: The ONNX element types activations may be written in, with the code each grid's lowest level gets.
+ACTIVATION_TYPES = {"uint8": 0, "int8": -128}
+
+
+def _readers(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
+    found: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
+    for node in graph.node:
+        for slot, name in enumerate(node.input):
+            found[name].append((node, slot))
+    return found
+
+
+def _zero_point(grid: ActivationGrid, activation_type: str, where: str) -> int:
+    """The ONNX zero point that runs ``grid`` in ``activation_type`` exactly (ONNX clips to the type's range)."""
+    if grid.qmax - grid.qmin != 255:
+        raise ExportError(
+            f"{where}: its grid has {grid.qmax - grid.qmin + 1} levels; ONNX QDQ runs 8-bit activations only "
+            "(quantize with activation_bits=8 to export)"
+        )
+    lowest = ACTIVATION_TYPES[activation_type]
+    if activation_type == "int8" and (grid.qmin != -128 or grid.zero_point):
+        raise ExportError(
+            f"{where}: an unsigned or asymmetric grid does not fit int8 activations with zero point 0 (TensorRT's "
+            "form); export with activation_type='uint8' or quantize with symmetric activations"
+        )
+    return grid.zero_point + lowest - grid.qmin
+
+
+def write_qdq(model: onnx.ModelProto, taken: Unquantized, activation_type: str = "uint8") -> None:
+    """Put ``taken`` (grids and integer weights) into ``model``, paddle2onnx's float graph of the program
+    :meth:`~qcore.graph.Graph.unquantize` left, in place."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    if activation_type not in ACTIVATION_TYPES:
+        raise ExportError(f"activation_type={activation_type!r}: choose one of {', '.join(ACTIVATION_TYPES)}")
+    elem = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8}[activation_type]
+    graph = model.graph
+    readers = _readers(graph)
+    producers = {out: node for node in graph.node for out in node.output}
+    outputs = {o.name for o in graph.output}
+    before: dict[int, list[onnx.NodeProto]] = defaultdict(list)  # new nodes to place before a node (by id)
+    removed: set[int] = set()
+    initializers: list[onnx.TensorProto] = []
+
+    def pairs(source: str, name: str, scale: str, zero: str, at: list[tuple[onnx.NodeProto, int]]) -> None:
+        for i, (node, slot) in enumerate(at):
+            q, dq = f"{name}.q{i}", f"{name}.dq{i}"
+            before[id(node)] += [helper.make_node("QuantizeLinear", [source, scale, zero], [q], name=q),
+                                 helper.make_node("DequantizeLinear", [q, scale, zero], [dq], name=dq)]
+            node.input[slot] = dq
+
+    for k, grid in sorted(taken.markers.items()):
+        name = MARKER_NAME.format(k)
+        cast = producers.get(name)
+        if cast is None or cast.op_type != "Cast" or cast.attribute[0].i != TensorProto.FLOAT:
+            raise ExportError(
+                f"paddle2onnx did not keep QDQ marker {k} as a float Cast named {name!r}; this paddle2onnx "
+                "version names ops differently (paddle2onnx 2.1 is tested)"
+            )
+        scale, zero = f"{name}.scale", f"{name}.zero_point"
+        initializers += [numpy_helper.from_array(np.array(grid.step, np.float32), scale),
+                         numpy_helper.from_array(np.array(_zero_point(grid, activation_type, name),
+                                                          helper.tensor_dtype_to_np_dtype(elem)), zero)]
+        removed.add(id(cast))
+        pairs(cast.input[0], name, scale, zero, readers.get(name, []))
+        if name in outputs:  # a model output keeps its name, now written by its own pair
+            q = f"{name}.qout"
+            before[id(cast)] += [helper.make_node("QuantizeLinear", [cast.input[0], scale, zero], [q], name=q),
+                                 helper.make_node("DequantizeLinear", [q, scale, zero], [name], name=name)]
+
+    weight_nodes = []
+    stored = {i.name: i for i in graph.initializer}
+    for weight in taken.weights:
+        weight_nodes += _weight_dq(weight, stored, readers.get(weight.name, []), initializers)
+        graph.initializer.remove(stored.pop(weight.name))
+
+    nodes = list(weight_nodes)
+    for node in graph.node:
+        nodes += before.get(id(node), [])
+        if id(node) not in removed:
+            nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(initializers)
+
+
+def _weight_dq(weight: StoredWeight, stored: dict[str, onnx.TensorProto],
+               at: list[tuple[onnx.NodeProto, int]], initializers: list[onnx.TensorProto]) -> list[onnx.NodeProto]:
+    """The int8 initializer, scales and one ``DequantizeLinear`` per reader of float initializer ``weight.name``."""
+    from onnx import helper, numpy_helper
+
+    float_init = stored.get(weight.name)
+    if float_init is None or tuple(float_init.dims) != weight.codes.shape:
+        found = "missing" if float_init is None else f"of shape {list(float_init.dims)}"
+        raise ExportError(f"weight {weight.name!r} is {found} in paddle2onnx's graph (expected shape "
+                          f"{list(weight.codes.shape)}); paddle2onnx rewrote it, so its int8 form cannot be placed")
+    codes, scale, zero = f"{weight.name}.int8", f"{weight.name}.scale", f"{weight.name}.zero_point"
+    steps = weight.steps if weight.axis is not None else np.float32(weight.steps.ravel()[0])
+    initializers += [numpy_helper.from_array(weight.codes.astype(np.int8), codes),
+                     numpy_helper.from_array(np.asarray(steps, np.float32), scale),
+                     numpy_helper.from_array(np.zeros(np.shape(steps), np.int8), zero)]
+    attrs = {"axis": weight.axis} if weight.axis is not None else {}
+    nodes = []
+    for i, (node, slot) in enumerate(at):
+        out = weight.name if len(at) == 1 else f"{weight.name}.dq{i}"
+        nodes.append(helper.make_node("DequantizeLinear", [codes, scale, zero], [out], name=out, **attrs))
+        node.input[slot] = out
+    return nodes
