@@ -23,11 +23,12 @@ import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Union
 
 import numpy as np
 from paddle import inference
 
-from .deploy import DeployTarget, get_target
+from .deploy import DeployTarget, OnnxPredictor, OnnxTarget, get_target
 from .deploy.base import marked_backend
 from .deploy.onednn import OneDnnTarget
 from .errors import ConfigError
@@ -40,6 +41,9 @@ _LINKED: list[Path] = []  # temporary copies under *.pdmodel names, removed at e
 atexit.register(lambda: [shutil.rmtree(p, ignore_errors=True) for p in _LINKED])
 
 
+Predictor = Union[inference.Predictor, OnnxPredictor]
+
+
 def create_predictor(
     files: ModelFiles | str | os.PathLike[str],
     *,
@@ -47,17 +51,27 @@ def create_predictor(
     threads: int = 2,
     onednn: bool = True,
     int8: bool = True,
-) -> inference.Predictor:
-    """A predictor for ``files`` (a :class:`ModelFiles`, a model directory or a model file) on ``backend``.
+) -> Predictor:
+    """A predictor for ``files`` (a :class:`ModelFiles`, a model directory, a model file, or an ``.onnx``
+    file for the ONNX runtimes) on ``backend``.
 
     ``onednn=False`` is the same as ``backend="native"``; ``int8=False`` keeps oneDNN to its float
     kernels (the float baseline). A backend this machine cannot run (``tensorrt`` without a GPU)
     raises :class:`ConfigError`; so does one that would silently run another backend's kernels
-    (``openvino`` on a PIR model).
+    (``openvino`` on a PIR model). On ``onnxruntime`` / ``openvino-runtime`` a Paddle model is
+    exported first (:func:`qcore.export.export_onnx`, into a temporary file).
     """
+    target = get_target("native" if not onednn else backend)
+    onnx_file = Path(files) if not isinstance(files, ModelFiles) and str(files).endswith(".onnx") else None
+    if isinstance(target, OnnxTarget):
+        reason = target.unavailable()
+        if reason is not None:
+            raise ConfigError(f"backend {target.name!r} cannot run here: {reason}")
+        return target.load(onnx_file or _as_onnx(files, target), threads)
+    if onnx_file is not None:
+        raise ConfigError(f"{onnx_file} is an ONNX file; run it with backend='onnxruntime' or 'openvino-runtime'")
     if not isinstance(files, ModelFiles):
         files = find_model_files(files)
-    target = get_target("native" if not onednn else backend)
     if isinstance(target, OneDnnTarget) and not int8:
         target = OneDnnTarget(int8_kernels=False)
     reason = target.unavailable() or target.accepts(files.model_file)
@@ -87,6 +101,15 @@ def create_predictor(
         return inference.create_predictor(config)
 
 
+def _as_onnx(files: ModelFiles | str | os.PathLike[str], target: OnnxTarget) -> Path:
+    """The ONNX export of a Paddle model, written to a temporary directory removed at exit."""
+    from .export import export_onnx
+
+    tmp = Path(tempfile.mkdtemp(prefix="qcore-onnx-"))
+    _LINKED.append(tmp)
+    return export_onnx(files, tmp / "model.onnx", activation_type=target.activation_type)
+
+
 def _as_pdmodel(files: ModelFiles) -> ModelFiles:
     """``files`` under ``*.pdmodel`` / ``*.pdiparams`` names (OpenVINO's frontend opens no others)."""
     if files.model_file.suffix == ".pdmodel" and files.params_file is not None:
@@ -100,8 +123,10 @@ def _as_pdmodel(files: ModelFiles) -> ModelFiles:
     return ModelFiles(tmp / "model.pdmodel", tmp / "model.pdiparams", "legacy")
 
 
-def run_predictor(predictor: inference.Predictor, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+def run_predictor(predictor: Predictor, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     """Feed arrays by input name, run, and return every output in order."""
+    if isinstance(predictor, OnnxPredictor):
+        return predictor.run(feed)
     for name in predictor.get_input_names():
         handle = predictor.get_input_handle(name)
         array = np.ascontiguousarray(feed[name])
@@ -125,7 +150,7 @@ def executor_outputs(model: Model | ModelFiles, feed_name: str, x: np.ndarray, b
 
 
 def deployed_outputs(
-    model: ModelFiles | inference.Predictor,
+    model: ModelFiles | Predictor,
     feed_name: str,
     x: np.ndarray,
     backend: str | DeployTarget | None = None,
@@ -151,7 +176,7 @@ def agreement(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def interleaved_latency(
-    predictors: Mapping[str, inference.Predictor], feed: Mapping[str, np.ndarray], repeats: int = 10, warmup: int = 2
+    predictors: Mapping[str, Predictor], feed: Mapping[str, np.ndarray], repeats: int = 10, warmup: int = 2
 ) -> dict[str, float]:
     """Median milliseconds per run of each predictor, their runs interleaved (so load drifts hit all alike)."""
     for predictor in predictors.values():

@@ -139,7 +139,8 @@ class PTQConfig:
         symmetric = self.activation_symmetric
         if symmetric not in (None, True, False):
             raise ConfigError(f"activation_symmetric={symmetric!r} is not valid; use True, False or None")
-        asymmetric = symmetric is False  # None (the default) is symmetric on every target
+        # None (the default): the target's default (symmetric except where its int8 fusions need zero points)
+        asymmetric = symmetric is False or (symmetric is None and target.asymmetric_by_default)
         if asymmetric and not target.asymmetric_activations:
             raise ConfigError(f"activation_symmetric=False: {target.name} runs symmetric activation grids only; "
                               "use deploy_backend='openvino' or 'native', or leave activation_symmetric unset")

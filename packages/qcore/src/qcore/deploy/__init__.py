@@ -1,13 +1,15 @@
 """Deployment targets: one module per runtime a quantized model is made for and verified on.
 
-========== ============================================== ==============================
-name       runtime                                        int8 kernels for
-========== ============================================== ==============================
-onednn     Paddle Inference + oneDNN int8 passes (CPU)    legacy programs
-openvino   Paddle Inference's bundled OpenVINO engine     legacy programs
-tensorrt   Paddle Inference's TensorRT engine (GPU)       legacy and PIR (not run here)
-native     Paddle's float kernels (reference)             nothing: exact simulation
-========== ============================================== ==============================
+================ ============================================== ==============================
+name             runtime                                        int8 kernels for
+================ ============================================== ==============================
+onednn           Paddle Inference + oneDNN int8 passes (CPU)    legacy programs
+openvino         Paddle Inference's bundled OpenVINO engine     legacy programs
+tensorrt         Paddle Inference's TensorRT engine (GPU)       legacy and PIR (not run here)
+native           Paddle's float kernels (reference)             nothing: exact simulation
+onnxruntime      ONNX Runtime on the ONNX QDQ export (CPU)      legacy and PIR
+openvino-runtime OpenVINO runtime on the ONNX QDQ export (CPU)  legacy and PIR
+================ ============================================== ==============================
 
 ``get_target(None)`` is the default of every quantizer: oneDNN's rules, whose output is also
 correct on every other runtime (it only keeps a few more layers float than OpenVINO needs).
@@ -16,10 +18,14 @@ correct on every other runtime (it only keeps a few more layers float than OpenV
 from __future__ import annotations
 
 from ..errors import ConfigError, did_you_mean
-from . import native, onednn, openvino, tensorrt
+from . import native, onednn, onnxruntime, openvino, openvino_runtime, tensorrt
 from .base import DeployTarget, ModelRules, OpTarget, find_targets
+from .onnx_runtimes import OnnxPredictor, OnnxTarget
 
-TARGETS: dict[str, DeployTarget] = {t.name: t for t in (onednn.TARGET, openvino.TARGET, tensorrt.TARGET, native.TARGET)}
+TARGETS: dict[str, DeployTarget] = {
+    t.name: t for t in (onednn.TARGET, openvino.TARGET, tensorrt.TARGET, native.TARGET, onnxruntime.TARGET,
+                        openvino_runtime.TARGET)
+}
 _BY_NAME = {alias: t for t in TARGETS.values() for alias in (t.name, *t.aliases)}
 #: The backend names ``deploy_backend`` / ``backend`` accept (aliases included).
 BACKEND_NAMES = tuple(_BY_NAME)
@@ -46,6 +52,7 @@ def available_targets() -> list[DeployTarget]:
 
 
 __all__ = [
-    "BACKEND_NAMES", "TARGETS", "DeployTarget", "ModelRules", "OpTarget", "available_targets", "find_targets",
+    "BACKEND_NAMES", "TARGETS", "DeployTarget", "ModelRules", "OnnxPredictor", "OnnxTarget", "OpTarget",
+    "available_targets", "find_targets",
     "get_target",
 ]

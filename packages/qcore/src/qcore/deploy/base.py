@@ -116,6 +116,8 @@ class DeployTarget(ABC):
     kernel_bits: ClassVar[tuple[int, int] | None] = (8, 8)
     #: runs activations shifted onto asymmetric grids (:func:`qcore.quant.asymmetric_range`) as simulated
     asymmetric_activations: ClassVar[bool] = False
+    #: asymmetric grids when the caller does not choose (``activation_symmetric=None``)
+    asymmetric_by_default: ClassVar[bool] = False
     #: reads the ``ZeroPoint`` of activation QDQ pairs (asymmetric grids deploy as zero points, not shifts)
     activation_zero_points: ClassVar[bool] = False
     #: runs int8 dot products on an x86 CPU, where without VNNI they saturate (:mod:`qcore.deploy.host`)

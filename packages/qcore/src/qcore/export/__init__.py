@@ -14,13 +14,43 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import ExportError
-from ..graph import open_graph
+from ..graph import Graph, open_graph
+from ..graph.base import StoredWeight, Unquantized
 from ..model_io import Model, ModelFiles, load_model, save_model
 from ..outputs import check_output_dir, write_bytes
+from .fusable import biases_into_convs
 from .paddle2onnx_float import OPSET, float_onnx, require_onnx
 from .qdq import ACTIVATION_TYPES, write_qdq
 from .repair import repair
+
+
+def fold_batch_norms(graph: Graph, taken: Unquantized) -> Unquantized:
+    """Fold every conv's batch norm into it (:meth:`Graph.fold_conv_bn`) and the factors into the steps of
+    its integer weight: the codes stay, so the folded weight is still exactly int8 codes times steps.
+
+    Runtimes fuse a QDQ conv into an int8 kernel only when no batch norm sits behind it, and cannot
+    fold one into a weight read through ``DequantizeLinear`` themselves.
+    """
+    graph.fold_conv_bn()
+    channel_axis = {conv_weight.name: graph.weight_channel_axis(conv_weight.op)
+                    for conv_weight in (graph.weight_operand(op) for op in graph.ops()) if conv_weight is not None}
+    weights = []
+    for weight in taken.weights:
+        if weight.name not in graph.bn_folded:
+            weights.append(weight)
+            continue
+        name, factor = graph.bn_folded[weight.name]
+        axis = channel_axis[name]
+        shape = [1] * weight.codes.ndim
+        shape[axis] = -1
+        steps = weight.steps.reshape(-1 if weight.axis == axis else 1) * factor
+        value = weight.codes * steps.reshape(shape)
+        graph.set_param(name, value.astype(np.float32))  # codes x folded steps, bit for bit what is exported
+        weights.append(StoredWeight(name, weight.codes, steps.astype(np.float32), axis))
+    return Unquantized(taken.markers, weights)
 
 
 def export_onnx(
@@ -48,11 +78,12 @@ def export_onnx(
     if not isinstance(model, Model):
         model = load_model(model)
     graph = open_graph(model).clone()
-    taken = graph.unquantize()
+    taken = fold_batch_norms(graph, graph.unquantize())
     with tempfile.TemporaryDirectory(prefix="qcore-onnx-") as tmp:
         files = save_model(graph.model, Path(tmp) / "float")
         proto = float_onnx(files, opset)
     repair(proto)
+    biases_into_convs(proto)
     write_qdq(proto, taken, activation_type)
     try:
         onnx.checker.check_model(proto)

@@ -109,6 +109,8 @@ class Graph(ABC):
         self._act_qdq: dict[str, Any] = {}
         self._weight_dq: dict[str, Any] = {}
         self._made: set[Any] = set()  # keys of values our rewrites produced
+        #: per conv weight :meth:`fold_conv_bn` replaced: the new parameter and the per-channel factor
+        self.bn_folded: dict[str, tuple[str, np.ndarray]] = {}
 
     # ---- reading -------------------------------------------------------------------
     @abstractmethod
@@ -403,6 +405,7 @@ class Graph(ABC):
         folded_b = ((old_bias - mean) * factor + beta).astype(np.float32)
         new_w = self._new_param_name(weight.name + ".bn_folded")
         self._add_param(new_w, folded_w, conv)
+        self.bn_folded[weight.name] = (new_w, factor)
         self._set_operand(weight, self._param_value(new_w))
         self._replace_bn(conv, bias, bn, folded_b)
 

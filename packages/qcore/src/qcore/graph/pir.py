@@ -163,9 +163,9 @@ class PirGraph(Graph):
     def _build_act_qdq(
         self, operand: Operand, threshold: float, bits: int, unsigned: bool, offset: float, zero_point: bool
     ) -> Any:
-        if unsigned or zero_point:
-            raise GraphError("unsigned activations and zero points are legacy-program features (oneDNN and "
-                             "OpenVINO int8); PIR QDQ is signed, asymmetric grids run as shifts")
+        if unsigned:
+            raise GraphError("unsigned activations are a legacy-program feature (oneDNN int8); PIR QDQ is signed")
+        # ``zero_point``: PIR programs always carry asymmetric grids as shifts, which exporters read back
         scale, accum, state = (
             self._add_param(self._new_param_name(f"{operand.name}@{kind}"), np.array([v], np.float32), operand.op)
             for kind, v in (("scale", threshold), ("accum", 1.0), ("state", 1.0))
@@ -297,14 +297,41 @@ class PirGraph(Graph):
         weights: list[StoredWeight] = []
         for op in [o for o in self.block.ops if o.name() == _ACT_QDQ]:
             top = qmax(int(op.attrs()["bit_length"]))
-            threshold = float(self.get_param(self._param_name(op.operand_source(1))).ravel()[0])
+            step = float(self.get_param(self._param_name(op.operand_source(1))).ravel()[0]) / top
+            source, shifts = op.operand_source(0), self._shifts(op)
+            if shifts is not None:
+                source = shifts[0].operand_source(0)
             with self._inserting_before(op):
-                marker = paddle._C_ops.cast(op.operand_source(0), paddle.float32)
+                marker = paddle._C_ops.cast(source, paddle.float32)
+            offset = float(shifts[1].attrs()["bias"]) if shifts is not None else 0.0
+            if shifts is not None:  # x - offset -> QDQ -> + offset: the grid's zero point is -offset / step
+                self._replace_result(shifts[1], marker)
             self._replace_result(op, marker)
-            markers.append((marker.get_defining_op(), ActivationGrid(threshold / top, 0, -top - 1, top)))
+            if shifts is not None:
+                self.block.remove_op(shifts[0])
+            markers.append((marker.get_defining_op(), ActivationGrid(step, -round(offset / step), -top - 1, top)))
         for name in [n for n in self.param_names() if self.get_param(n).dtype.kind == "i"]:
             weights.extend(self._float_weight(self._param_value(name).get_defining_op()))
         return markers, weights
+
+    def _shifts(self, qdq: Any) -> tuple[Any, Any] | None:
+        """The ``scale`` ops that put the activation of ``qdq`` on an asymmetric grid (``x - offset`` before
+        it, ``+ offset`` after it, as :meth:`_build_act_qdq` writes them), or None."""
+        before, after = _defining_op(qdq.operand_source(0)), self._single_user(qdq.result(0))
+
+        def shift(op: Any) -> float | None:
+            if op is None or op.name() != "pd_op.scale" or not op.attrs().get("bias_after_scale", False) \
+                    or "bias" not in op.attrs():
+                return None
+            factor = _defining_op(op.operand_source(1))
+            if factor is None or factor.name() != "pd_op.full" or float(factor.attrs()["value"]) != 1.0:
+                return None
+            return float(op.attrs()["bias"])
+
+        b, a = shift(before), shift(after)
+        if b is None or a is None or b != -a or len(qdq.operand_source(0).all_used_ops()) != 1:
+            return None
+        return before, after
 
     def _replace_result(self, op: Any, value: Any) -> None:
         """Make every reader (and fetch) of ``op``'s first result read ``value``; remove ``op`` and the

@@ -1,0 +1,79 @@
+"""What the two ONNX runtimes share: they run the ONNX file :mod:`qcore.export` writes, not a Paddle program.
+
+A model quantized for one of them is a Paddle model (either IR: the runtime never reads it)
+plus its ONNX export, whose ``QuantizeLinear`` / ``DequantizeLinear`` pairs the runtime fuses
+into int8 kernels. :class:`OnnxPredictor` gives both the run-by-feed interface
+:func:`qcore.inference.run_predictor` uses for ``paddle.inference`` predictors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from ..errors import ConfigError
+from .base import DeployTarget
+
+if TYPE_CHECKING:
+    from paddle import inference
+
+#: The seed op types both runtimes run in int8 when their inputs carry QDQ (ONNX Runtime's QDQ
+#: fusions: QLinearConv, QLinearMatMul / MatMulIntegerToFloat, QLinearAdd, int8 pools; OpenVINO's
+#: low-precision transformations take the same ops).
+ONNX_INT8_OPS = frozenset({"conv2d", "depthwise_conv2d", "mul", "matmul", "matmul_v2", "elementwise_add", "pool2d"})
+
+
+class OnnxPredictor:
+    """An ONNX model loaded in a runtime: ``run(feed)`` returns every output in order."""
+
+    def __init__(self, input_names: Sequence[str], run: Callable[[Mapping[str, np.ndarray]], list[np.ndarray]],
+                 onnx_file: Path) -> None:
+        self.input_names = list(input_names)
+        self._run = run
+        self.onnx_file = onnx_file
+
+    def run(self, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        missing = [n for n in self.input_names if n not in feed]
+        if missing:
+            raise ConfigError(f"{self.onnx_file.name} needs inputs {missing}; the feed has {sorted(feed)}")
+        return self._run({n: np.ascontiguousarray(feed[n]) for n in self.input_names})
+
+
+class OnnxTarget(DeployTarget):
+    """A runtime reading the exported ONNX file. Subclasses say how to load it."""
+
+    int8_ops = ONNX_INT8_OPS
+    int8_families = ("legacy", "pir")  # both reach the runtime through the export
+    residual_adds = "both"
+    cpu_int8 = True
+    asymmetric_activations = True  # written as zero points (legacy ZeroPoint, PIR shifts: both export as such)
+    activation_zero_points = True
+    #: the element type the export writes activations in (:data:`qcore.export.ACTIVATION_TYPES`)
+    activation_type: ClassVar[str] = "uint8"
+    #: the Python module the runtime needs (named in the error when it is missing)
+    module: ClassVar[str]
+
+    def unavailable(self) -> str | None:
+        try:
+            __import__(self.module)
+        except ImportError:
+            return f"{self.module} is not installed (pip install 'qcore[onnx]')"
+        try:
+            __import__("paddle2onnx")
+        except ImportError:
+            return "paddle2onnx is not installed, so no Paddle model can be exported to ONNX (pip install 'qcore[onnx]')"
+        return None
+
+    def configure(self, config: inference.Config, threads: int) -> None:
+        raise ConfigError(f"{self.name} runs ONNX files, not paddle.inference; use qcore.inference.create_predictor")
+
+    def load(self, onnx_file: Path, threads: int) -> OnnxPredictor:
+        """The runtime's predictor for ``onnx_file`` on ``threads`` CPU threads."""
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        """Facts a report records about the runtime (version, precision)."""
+        return {"runtime": self.runtime}
