@@ -20,9 +20,11 @@ def test_names_aliases_and_unknown_names():
     assert get_target(None) is TARGETS["onednn"]  # the default: oneDNN's rules, correct everywhere
     assert get_target("trt").name == "tensorrt" and get_target("paddle").name == "native"
     assert set(BACKEND_NAMES) >= {"onednn", "mkldnn", "openvino", "tensorrt", "native"}
+    assert get_target("ORT").name == "onnxruntime" and get_target("ov").name == "openvino-runtime"
     with pytest.raises(ConfigError, match="valid: onednn, mkldnn, openvino"):
-        get_target("onnxruntime")
-    assert [t.name for t in available_targets()] == ["onednn", "openvino", "native"]  # no GPU on CPU wheels
+        get_target("coreml")
+    # no GPU on CPU wheels; the ONNX runtimes come with the qcore[onnx] extra the tests install
+    assert [t.name for t in available_targets()] == ["onednn", "openvino", "native", "onnxruntime", "openvino-runtime"]
 
 
 def test_targets_state_their_int8_ops_as_data():

@@ -107,7 +107,8 @@ def _as_onnx(files: ModelFiles | str | os.PathLike[str], target: OnnxTarget) -> 
 
     tmp = Path(tempfile.mkdtemp(prefix="qcore-onnx-"))
     _LINKED.append(tmp)
-    return export_onnx(files, tmp / "model.onnx", activation_type=target.activation_type)
+    return export_onnx(files, tmp / "model.onnx", activation_type=target.activation_type,
+                       dynamic=target.dynamic_matmuls)
 
 
 def _as_pdmodel(files: ModelFiles) -> ModelFiles:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -332,12 +333,14 @@ def save_model(
     save_dir: str | os.PathLike[str],
     model_filename: str | None = None,
     params_filename: str | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> ModelFiles:
     """Save ``model`` into ``save_dir`` safely (:mod:`qcore.outputs`) and return where it went.
 
     ``params_filename=None`` with a ``model_filename`` writes one file per parameter (legacy
     family only, as in PaddleSlim). The parameters are moved into place first, the program file
     last; other files in ``save_dir`` are left alone. :func:`check_model_output` runs first.
+    ``extra_files`` (name -> bytes, e.g. the ONNX export a deployment target runs) are written with them.
     """
     model_name, params_name = check_model_output(save_dir, model.family, model_filename, params_filename, model.source)
     save_dir = Path(save_dir)
@@ -347,4 +350,6 @@ def save_model(
         else:
             assert params_name is not None
             _write_pir(model, staging, model_name, params_name)
+        for name, data in (extra_files or {}).items():
+            (staging / check_file_name(name, "extra file")).write_bytes(data)
     return ModelFiles(save_dir / model_name, save_dir / params_name if params_name else None, model.family)

@@ -75,7 +75,7 @@ def quant_post_dynamic(
         stored = graph.quantize_weight(weight, weight_bits, axis, float_dequant=cast)
         if test_graph is not None:
             test_graph.replace_weight(test_graph.weight_operand(twin), stored.dequantized(), "fake_quantized")
-    files = graph.save(save_model_dir, *names)
+    files = graph.save(save_model_dir, *names, extra_files=target.companion_files(graph.model))
     if test_graph is not None:
         test_graph.save(Path(save_model_dir) / "test_model", *names)
     return files

@@ -360,7 +360,7 @@ class PostTrainingQuantization:
         graph, names = self.graph, output_names(self.model.family, model_filename, params_filename)
 
         def write() -> ModelFiles:  # on rank 0 only under paddle.distributed; the other ranks wait for it
-            files = graph.save(save_model_path, *names)
+            files = graph.save(save_model_path, *names, extra_files=self.target.companion_files(graph.model))
             if self.cache_file is not None and self.cache_file.exists():
                 self.cache_file.unlink()
             return files

@@ -156,8 +156,9 @@ class QAT:
                 mark_model(graph, target)
             if active(self.distributed):
                 _compare_exports(graph, Path(tmp) / "compare", names)
-            return on_rank0(lambda: graph.save(prefix.parent, *names), f"the quantized model to {prefix}",
-                            enabled=self.distributed)
+            extra = target.companion_files(graph.model)
+            return on_rank0(lambda: graph.save(prefix.parent, *names, extra_files=extra),
+                            f"the quantized model to {prefix}", enabled=self.distributed)
 
     def _quantize_ops(
         self, graph: Graph, targets: list[tuple[QuantedLayer, OpRef]], fold: bool, target: DeployTarget

@@ -187,6 +187,11 @@ class DeployTarget(ABC):
     def configure(self, config: inference.Config, threads: int) -> None:
         """Set up a ``paddle.inference`` config for this runtime."""
 
+    def companion_files(self, model: Any) -> dict[str, bytes]:
+        """Files a model quantized for this runtime is saved with (name -> bytes), from the quantized
+        :class:`~qcore.model_io.Model`; none for runtimes that read the Paddle program itself."""
+        return {}
+
     def accepts(self, model_file: Any) -> str | None:
         """Why the runtime cannot open ``model_file`` as it is named / formatted, or None."""
         return None

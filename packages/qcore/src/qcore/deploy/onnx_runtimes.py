@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 #: The seed op types both runtimes run in int8 when their inputs carry QDQ (ONNX Runtime's QDQ
 #: fusions: QLinearConv, QLinearMatMul / MatMulIntegerToFloat, QLinearAdd, int8 pools; OpenVINO's
 #: low-precision transformations take the same ops).
+#: The name of the ONNX file saved beside a Paddle model quantized for an ONNX runtime.
+ONNX_FILE = "inference.onnx"
 ONNX_INT8_OPS = frozenset({"conv2d", "depthwise_conv2d", "mul", "matmul", "matmul_v2", "elementwise_add", "pool2d"})
 
 
@@ -46,6 +48,10 @@ class OnnxTarget(DeployTarget):
     """A runtime reading the exported ONNX file. Subclasses say how to load it."""
 
     int8_ops = ONNX_INT8_OPS
+    float_ops = {
+        "conv2d_transpose": "paddle2onnx 2.1 replaces a transposed conv's input and weight by auto-cast copies "
+                            "(measured), so the export cannot place their QDQ",
+    }
     int8_families = ("legacy", "pir")  # both reach the runtime through the export
     residual_adds = "both"
     cpu_int8 = True
@@ -53,6 +59,8 @@ class OnnxTarget(DeployTarget):
     activation_zero_points = True
     #: the element type the export writes activations in (:data:`qcore.export.ACTIVATION_TYPES`)
     activation_type: ClassVar[str] = "uint8"
+    #: matmuls with an int8 weight and a float input quantize that input at run time (weight-only models)
+    dynamic_matmuls: ClassVar[bool] = False
     #: the Python module the runtime needs (named in the error when it is missing)
     module: ClassVar[str]
 
@@ -66,6 +74,12 @@ class OnnxTarget(DeployTarget):
         except ImportError:
             return "paddle2onnx is not installed, so no Paddle model can be exported to ONNX (pip install 'qcore[onnx]')"
         return None
+
+    def companion_files(self, model: Any) -> dict[str, bytes]:
+        """The ONNX export the runtime runs, saved as :data:`ONNX_FILE` beside the Paddle model."""
+        from ..export import onnx_bytes
+
+        return {ONNX_FILE: onnx_bytes(model, activation_type=self.activation_type, dynamic=self.dynamic_matmuls)}
 
     def configure(self, config: inference.Config, threads: int) -> None:
         raise ConfigError(f"{self.name} runs ONNX files, not paddle.inference; use qcore.inference.create_predictor")

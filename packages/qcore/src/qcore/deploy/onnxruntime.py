@@ -9,6 +9,9 @@ Facts (ONNX Runtime 1.32, measured here where the text says so):
 * A ``Relu`` between an op and its output's ``QuantizeLinear`` is dropped (so the op fuses) only
   when the zero point is the lowest code: relu outputs need their unsigned grid, which the
   asymmetric grids (the default for this target) give them (zero point 0 over ``[0, t]``).
+* A ``MatMul`` whose weight is int8 and whose input carries no QDQ (``quant_post_dynamic``) quantizes
+  its input at run time: ``DynamicQuantizeLinear -> MatMulInteger``, which it fuses into one
+  int8 kernel (what its own ``quantize_dynamic`` writes).
 * Its graph optimizer folds the rest at session creation (``ORT_ENABLE_ALL``).
 """
 
@@ -27,6 +30,7 @@ class OnnxRuntimeTarget(OnnxTarget):
     runtime = "ONNX Runtime, CPU execution provider (the exported ONNX QDQ file)"
     module = "onnxruntime"
     asymmetric_by_default = True
+    dynamic_matmuls = True
 
     def load(self, onnx_file: Path, threads: int) -> OnnxPredictor:
         import onnxruntime as ort

@@ -53,28 +53,20 @@ def fold_batch_norms(graph: Graph, taken: Unquantized) -> Unquantized:
     return Unquantized(taken.markers, weights)
 
 
-def export_onnx(
-    model: Model | ModelFiles | str | os.PathLike[str],
-    path: str | os.PathLike[str],
-    *,
-    activation_type: str = "uint8",
-    opset: int = OPSET,
-) -> Path:
-    """Write ``model`` (loaded, its files, or a model directory / file; float or quantized, PIR or legacy)
-    as one ONNX file at ``path``, atomically; returns ``path``.
+def onnx_bytes(model: Model | ModelFiles | str | os.PathLike[str], *, activation_type: str = "uint8",
+               dynamic: bool = False, opset: int = OPSET) -> bytes:
+    """``model`` (loaded, its files, or a model directory / file; float or quantized, PIR or legacy) as a
+    serialized ONNX model that passes ``onnx.checker``. The model is never changed.
 
     Activations are written as ``activation_type`` (``"uint8"``: what ONNX Runtime's int8 kernels run;
-    ``"int8"``: TensorRT's symmetric form). The file passes ``onnx.checker``; the input is never changed.
+    ``"int8"``: TensorRT's symmetric form). ``dynamic``: a ``MatMul`` with an int8 weight and a float input
+    quantizes the input at run time (ONNX Runtime's ``DynamicQuantizeLinear`` + ``MatMulInteger``).
     """
     require_onnx()
     import onnx
 
     if activation_type not in ACTIVATION_TYPES:
         raise ExportError(f"activation_type={activation_type!r}: choose one of {', '.join(ACTIVATION_TYPES)}")
-    path = Path(path)
-    if path.suffix != ".onnx":
-        raise ExportError(f"{path}: name the ONNX file with the .onnx suffix")
-    check_output_dir(path.parent)
     if not isinstance(model, Model):
         model = load_model(model)
     graph = open_graph(model).clone()
@@ -84,15 +76,32 @@ def export_onnx(
         proto = float_onnx(files, opset)
     repair(proto)
     biases_into_convs(proto)
-    write_qdq(proto, taken, activation_type)
+    write_qdq(proto, taken, activation_type, dynamic)
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as error:
         raise ExportError(f"the exported graph of {model.source or 'the model'} is not valid ONNX: "
                           f"{str(error).splitlines()[0]}") from None
+    return proto.SerializeToString()
+
+
+def export_onnx(
+    model: Model | ModelFiles | str | os.PathLike[str],
+    path: str | os.PathLike[str],
+    *,
+    activation_type: str = "uint8",
+    dynamic: bool = False,
+    opset: int = OPSET,
+) -> Path:
+    """Write :func:`onnx_bytes` of ``model`` to ``path`` (an ``.onnx`` file) atomically; returns ``path``."""
+    path = Path(path)
+    if path.suffix != ".onnx":
+        raise ExportError(f"{path}: name the ONNX file with the .onnx suffix")
+    check_output_dir(path.parent)
+    data = onnx_bytes(model, activation_type=activation_type, dynamic=dynamic, opset=opset)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes(path, proto.SerializeToString())
+    write_bytes(path, data)
     return path
 
 
-__all__ = ["ACTIVATION_TYPES", "OPSET", "export_onnx"]
+__all__ = ["ACTIVATION_TYPES", "OPSET", "export_onnx", "fold_batch_norms", "onnx_bytes"]

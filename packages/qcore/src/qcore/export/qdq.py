@@ -60,9 +60,11 @@ def _zero_point(grid: ActivationGrid, activation_type: str, where: str) -> int:
     return grid.zero_point + lowest - grid.qmin
 
 
-def write_qdq(model: onnx.ModelProto, taken: Unquantized, activation_type: str = "uint8") -> None:
+def write_qdq(model: onnx.ModelProto, taken: Unquantized, activation_type: str = "uint8",
+              dynamic: bool = False) -> None:
     """Put ``taken`` (grids and integer weights) into ``model``, paddle2onnx's float graph of the program
-    :meth:`~qcore.graph.Graph.unquantize` left, in place."""
+    :meth:`~qcore.graph.Graph.unquantize` left, in place. ``dynamic``: an int8-weight ``MatMul`` whose input
+    carries no QDQ quantizes it at run time (:func:`_dynamic_matmul`)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -105,8 +107,16 @@ def write_qdq(model: onnx.ModelProto, taken: Unquantized, activation_type: str =
 
     weight_nodes = []
     stored = {i.name: i for i in graph.initializer}
+    quantized_inputs = {dq for nodes in before.values() for dq in (n.output[0] for n in nodes)}
     for weight in taken.weights:
-        weight_nodes += _weight_dq(weight, stored, readers.get(weight.name, []), initializers)
+        at = readers.get(weight.name, [])
+        if dynamic:
+            for node, slot in [(n, s) for n, s in at if n.op_type == "MatMul" and s == 1
+                               and n.input[0] not in quantized_inputs]:
+                before[id(node)] += _dynamic_matmul(node, weight)
+                removed.add(id(node))
+                at = [(n, s) for n, s in at if n is not node]
+        weight_nodes += _weight_dq(weight, stored, at, initializers)
         graph.initializer.remove(stored.pop(weight.name))
 
     nodes = list(weight_nodes)
@@ -117,6 +127,25 @@ def write_qdq(model: onnx.ModelProto, taken: Unquantized, activation_type: str =
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(initializers)
+
+
+def _dynamic_matmul(matmul: onnx.NodeProto, weight: StoredWeight) -> list[onnx.NodeProto]:
+    """``matmul`` as ``DynamicQuantizeLinear(x) -> MatMulInteger(x_q, codes) -> Cast -> Mul(x_scale * steps)``
+    (the nodes that replace it); its int8 weight initializer is written by :func:`_weight_dq`."""
+    from onnx import TensorProto, helper
+
+    name = out = matmul.output[0]
+    codes, scale, zero = f"{weight.name}.int8", f"{weight.name}.scale", f"{weight.name}.zero_point"
+    names = {k: f"{name}.dynamic.{k}" for k in ("x_q", "x_scale", "x_zero", "int32", "float", "scale")}
+    return [
+        helper.make_node("DynamicQuantizeLinear", [matmul.input[0]], [names["x_q"], names["x_scale"], names["x_zero"]],
+                         name=f"{name}.dynamic.quantize"),
+        helper.make_node("MatMulInteger", [names["x_q"], codes, names["x_zero"], zero], [names["int32"]],
+                         name=f"{name}.dynamic.matmul"),
+        helper.make_node("Cast", [names["int32"]], [names["float"]], to=TensorProto.FLOAT, name=f"{name}.dynamic.cast"),
+        helper.make_node("Mul", [names["x_scale"], scale], [names["scale"]], name=f"{name}.dynamic.scales"),
+        helper.make_node("Mul", [names["float"], names["scale"]], [out], name=f"{name}.dynamic.rescale"),
+    ]
 
 
 def _weight_dq(weight: StoredWeight, stored: dict[str, onnx.TensorProto],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -479,9 +479,10 @@ class Graph(ABC):
         save_dir: str | os.PathLike[str],
         model_filename: str | None = None,
         params_filename: str | None = None,
+        extra_files: Mapping[str, bytes] | None = None,
     ) -> ModelFiles:
         """Save atomically in the model's family (see :func:`qcore.model_io.save_model`)."""
-        return save_model(self.model, save_dir, model_filename, params_filename)
+        return save_model(self.model, save_dir, model_filename, params_filename, extra_files)
 
     def run(self, feed: dict[str, np.ndarray], fetch: Sequence[Any] | None = None) -> list[np.ndarray]:
         """Run in the executor; ``fetch`` takes operands' values or the model's outputs."""

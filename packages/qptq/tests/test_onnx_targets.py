@@ -1,0 +1,180 @@
+"""Quantizing for the ONNX runtimes: the saved inference.onnx, its QDQ, and what ONNX Runtime and the
+OpenVINO runtime compute with it (deployed vs simulated), from PIR and legacy models."""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+
+import numpy as np
+import onnx
+import paddle
+import pytest
+from onnx import numpy_helper
+
+from qcore.deploy.onnx_runtimes import ONNX_FILE
+from qcore.errors import ExportError
+from qcore.export import export_onnx, onnx_bytes
+from qcore.inference import create_predictor, run_predictor
+from qcore.model_io import load_model
+from qptq import quant_post_dynamic, quant_post_static
+
+F = paddle.nn.functional
+
+
+class EveryKind(paddle.nn.Layer):
+    """conv + batch norm, depthwise conv, transposed conv, a residual add, an average pool and an fc.
+
+    ``transposed=False`` leaves the transposed conv out: Paddle 3.3.1's executor refuses to run a PIR
+    ``conv2d_transpose`` on CPU ("ConvTransposeOneDNN works only for inference"), so PIR models with
+    one cannot be calibrated.
+    """
+
+    def __init__(self, transposed: bool = True) -> None:
+        super().__init__()
+        self.transposed = transposed
+        self.conv = paddle.nn.Conv2D(3, 8, 3, padding=1)
+        self.bn = paddle.nn.BatchNorm2D(8)
+        self.depthwise = paddle.nn.Conv2D(8, 8, 3, padding=1, groups=8)
+        self.up = paddle.nn.Conv2DTranspose(8, 8, 2, stride=2)
+        self.down = paddle.nn.Conv2D(8, 8, 2, stride=2)
+        self.pool = paddle.nn.AvgPool2D(2)
+        self.fc = paddle.nn.Linear(8, 16)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        y = F.relu(self.bn(self.conv(x)))
+        z = F.relu(self.depthwise(y))
+        y = y + (self.down(F.relu(self.up(z))) if self.transposed else z)
+        return self.fc(paddle.flatten(self.pool(y), 2).transpose([0, 2, 1]))  # [N, 16, 16]
+
+
+OP_TYPES = ["conv2d", "depthwise_conv2d", "conv2d_transpose", "mul", "pool2d"]
+RUNTIMES = ("onnxruntime", "openvino-runtime")
+
+
+def _relative_l2(got: np.ndarray, expected: np.ndarray) -> float:
+    return float(np.linalg.norm(got - expected) / np.linalg.norm(expected))
+
+
+@pytest.fixture(scope="module", params=["pir", "legacy"])
+def float_model(request, tmp_path_factory):
+    """EveryKind with trained-looking batch-norm statistics, saved in one IR; and 16 inputs."""
+    directory = tmp_path_factory.mktemp(request.param)
+    paddle.seed(0)
+    net = EveryKind(transposed=request.param == "legacy")
+    rng = np.random.default_rng(0)
+    net.bn._mean.set_value(rng.normal(0, 0.3, 8).astype("float32"))
+    net.bn._variance.set_value(rng.uniform(0.5, 2.0, 8).astype("float32"))
+    net.eval()
+    spec = [paddle.static.InputSpec([None, 3, 8, 8], "float32", "x")]
+    if request.param == "pir":
+        paddle.jit.save(net, str(directory / "float" / "inference"), input_spec=spec)
+    else:
+        with paddle.pir_utils.DygraphOldIrGuard():
+            paddle.jit.save(net, str(directory / "float" / "inference"), input_spec=spec)
+    return directory, rng.standard_normal((16, 3, 8, 8)).astype("float32"), net
+
+
+@pytest.fixture(scope="module")
+def for_onnxruntime(float_model):
+    directory, x, _ = float_model
+    out = directory / "ort"
+    report = quant_post_static(None, directory / "float", out, sample_generator=lambda: iter(x), batch_size=8,
+                               algo="abs_max", quantizable_op_type=OP_TYPES, optimize_model=True,
+                               deploy_backend="onnxruntime", save_model_filename=None, save_params_filename=None)
+    return out, x, report
+
+
+def test_the_quantized_model_is_saved_with_its_onnx_export(for_onnxruntime, float_model):
+    out, _, _ = for_onnxruntime
+    transposed = float_model[2].transposed
+    model = onnx.load(str(out / ONNX_FILE))
+    onnx.checker.check_model(model)
+    kinds = collections.Counter(n.op_type for n in model.graph.node)
+    # every conv kind, the fc and the pool read QDQ'd inputs; one pair per reader: as many Q as DQ on activations
+    assert kinds["Conv"] == 2 + transposed and kinds["ConvTranspose"] == transposed and kinds["MatMul"] == 1
+    assert kinds["BatchNormalization"] == 0  # folded into the conv's int8 weight steps
+    weights = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0].endswith(".int8")]
+    # conv, depthwise, (down,) fc; the transposed conv stays float for ONNX (OnnxTarget.float_ops)
+    assert len(weights) == 3 + transposed
+    assert kinds["QuantizeLinear"] + len(weights) == kinds["DequantizeLinear"]
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for node in weights:
+        assert inits[node.input[0]].dtype == np.int8 and np.abs(inits[node.input[0]]).max() <= 127
+    for node in (n for n in model.graph.node if n.op_type == "QuantizeLinear"):
+        assert inits[node.input[2]].dtype == np.uint8  # U8S8: ONNX Runtime's int8 kernels
+    # each QuantizeLinear feeds one DequantizeLinear that feeds one op (ONNX Runtime fuses only such pairs)
+    readers = collections.Counter(name for n in model.graph.node for name in n.input)
+    for node in (n for n in model.graph.node if n.op_type == "QuantizeLinear"):
+        assert readers[node.output[0]] == 1
+
+
+def test_weight_scales_are_the_paddle_models_steps_with_batch_norm_folded(for_onnxruntime, float_model):
+    out, _, _ = for_onnxruntime
+    _, _, net = float_model
+    model = onnx.load(str(out / ONNX_FILE))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    conv = next(n for n in model.graph.node if n.op_type == "Conv" and n.input[0].startswith("p2o.pd_op.cast.0."))
+    dq = next(n for n in model.graph.node if n.output[0] == conv.input[1])
+    codes, steps = inits[dq.input[0]], inits[dq.input[1]]
+    assert dq.attribute[0].name == "axis" and dq.attribute[0].i == 0
+    # by hand: the float conv weight times the batch-norm factor, quantized per output channel by abs max
+    weight = net.conv.weight.numpy()
+    factor = net.bn.weight.numpy() / np.sqrt(net.bn._variance.numpy() + 1e-5)
+    expected_steps = np.abs(weight).max(axis=(1, 2, 3)) / 127 * factor
+    np.testing.assert_allclose(steps, expected_steps, rtol=1e-5)
+    np.testing.assert_array_equal(codes, np.round(weight / (expected_steps / factor).reshape(-1, 1, 1, 1)))
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_deployed_equals_simulated_on_both_runtimes(for_onnxruntime, runtime):
+    out, x, _ = for_onnxruntime
+    simulated = load_model(out).run({"x": x})[0]
+    deployed = run_predictor(create_predictor(out / ONNX_FILE, backend=runtime), {"x": x})[0]
+    assert deployed.shape == simulated.shape
+    # int8 kernels round accumulators and int32 biases their own way: within 1 % (relative L2) of the simulation
+    assert _relative_l2(deployed, simulated) < 1e-2
+    float_out = load_model(out.parent / "float").run({"x": x})[0]
+    assert _relative_l2(deployed, float_out) < 0.1  # and it is still the float model's function
+
+
+def test_the_export_is_byte_identical_and_leaves_the_model_alone(for_onnxruntime, tmp_path):
+    out, _, _ = for_onnxruntime
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.iterdir()}
+    first = export_onnx(out, tmp_path / "a.onnx").read_bytes()
+    assert export_onnx(out, tmp_path / "b.onnx").read_bytes() == first == (out / ONNX_FILE).read_bytes()
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.iterdir()} == before
+
+
+def test_float_export_runs_as_paddle(float_model):
+    directory, x, _ = float_model
+    expected = load_model(directory / "float").run({"x": x})[0]
+    for runtime in RUNTIMES:
+        got = run_predictor(create_predictor(directory / "float", backend=runtime), {"x": x})[0]
+        assert _relative_l2(got, expected) < (1e-5 if runtime == "onnxruntime" else 5e-3)  # OpenVINO may run bf16
+
+
+def test_bad_export_requests_are_refused_in_one_line(for_onnxruntime, tmp_path):
+    out, _, _ = for_onnxruntime
+    with pytest.raises(ExportError, match="suffix"):
+        export_onnx(out, tmp_path / "model.bin")
+    with pytest.raises(ExportError, match="choose one of uint8, int8"):
+        onnx_bytes(out, activation_type="fp8")
+    # asymmetric relu grids have no int8 (TensorRT) form with zero point 0
+    with pytest.raises(ExportError, match="activation_type='uint8'"):
+        onnx_bytes(out, activation_type="int8")
+    assert not (tmp_path / "model.bin").exists()
+
+
+def test_dynamic_int8_matmuls_for_onnxruntime(float_model, tmp_path):
+    directory, x, net = float_model
+    files = quant_post_dynamic(str(directory / "float"), str(tmp_path / "dyn"), deploy_backend="onnxruntime",
+                               quantizable_op_type=["conv2d", "mul"])
+    model = onnx.load(str(tmp_path / "dyn" / ONNX_FILE))
+    kinds = collections.Counter(n.op_type for n in model.graph.node)
+    # the fc quantizes its input at run time; convs (conv, and down when present) stay weight-only
+    assert kinds["DynamicQuantizeLinear"] == kinds["MatMulInteger"] == 1 and kinds["MatMul"] == 0
+    assert kinds["DequantizeLinear"] == 1 + net.transposed
+    simulated = load_model(files).run({"x": x})[0]  # weight-only: the input of the fc stays float here
+    deployed = run_predictor(create_predictor(tmp_path / "dyn" / ONNX_FILE, backend="onnxruntime"), {"x": x})[0]
+    assert 0 < _relative_l2(deployed, simulated) < 2e-2  # the run-time 8-bit input of the fc
