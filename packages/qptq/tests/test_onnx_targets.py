@@ -138,6 +138,21 @@ def test_deployed_equals_simulated_on_both_runtimes(for_onnxruntime, runtime):
     assert _relative_l2(deployed, float_out) < 0.1  # and it is still the float model's function
 
 
+def test_the_openvino_runtime_reads_legacy_programs_itself_and_pir_through_onnx(float_model, tmp_path, monkeypatch):
+    directory, x, net = float_model
+    monkeypatch.setenv("QCORE_OPENVINO_PRECISION", "f32")  # the float layers in bf16 (this CPU's default) add ~1 %
+    out = tmp_path / "ov"
+    quant_post_static(None, directory / "float", out, sample_generator=lambda: iter(x), batch_size=8,
+                      algo="abs_max", quantizable_op_type=OP_TYPES, optimize_model=True,
+                      deploy_backend="openvino-runtime", save_model_filename=None, save_params_filename=None)
+    legacy = net.transposed  # the legacy fixture has the transposed conv
+    assert (out / ONNX_FILE).exists() != legacy  # legacy: OpenVINO's Paddle frontend reads inference.pdmodel
+    predictor = create_predictor(out, backend="openvino-runtime")
+    assert predictor.onnx_file.suffix == (".pdmodel" if legacy else ".onnx")
+    simulated = load_model(out).run({"x": x})[0]
+    assert _relative_l2(run_predictor(predictor, {"x": x})[0], simulated) < 1e-2
+
+
 def test_the_export_is_byte_identical_and_leaves_the_model_alone(for_onnxruntime, tmp_path):
     out, _, _ = for_onnxruntime
     before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.iterdir()}

@@ -59,7 +59,8 @@ def create_predictor(
     kernels (the float baseline). A backend this machine cannot run (``tensorrt`` without a GPU)
     raises :class:`ConfigError`; so does one that would silently run another backend's kernels
     (``openvino`` on a PIR model). On ``onnxruntime`` / ``openvino-runtime`` a Paddle model is
-    exported first (:func:`qcore.export.export_onnx`, into a temporary file).
+    exported first (:func:`qcore.export.export_onnx`, into a temporary file), except where the runtime
+    reads its family itself (the OpenVINO runtime reads legacy programs).
     """
     target = get_target("native" if not onednn else backend)
     onnx_file = Path(files) if not isinstance(files, ModelFiles) and str(files).endswith(".onnx") else None
@@ -67,7 +68,12 @@ def create_predictor(
         reason = target.unavailable()
         if reason is not None:
             raise ConfigError(f"backend {target.name!r} cannot run here: {reason}")
-        return target.load(onnx_file or _as_onnx(files, target), threads)
+        if onnx_file is not None:
+            return target.load(onnx_file, threads)
+        files = files if isinstance(files, ModelFiles) else find_model_files(files)
+        if files.family in target.reads_paddle:
+            return target.load(_as_pdmodel(files).model_file, threads)
+        return target.load(_as_onnx(files, target), threads)
     if onnx_file is not None:
         raise ConfigError(f"{onnx_file} is an ONNX file; run it with backend='onnxruntime' or 'openvino-runtime'")
     if not isinstance(files, ModelFiles):

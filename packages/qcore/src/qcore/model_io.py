@@ -14,9 +14,9 @@ parameters, and nothing here ever writes to the input files. :func:`save_model` 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np

@@ -96,9 +96,7 @@ def asymmetric_range(threshold: float, lo: float, hi: float, bits: int) -> tuple
     same ``2 * qmax(bits) + 1`` levels over that span instead: quantize ``x - offset`` with the
     returned, smaller threshold and add ``offset`` back. ``offset`` is a whole number of steps, so
     zero stays exactly representable (the integer zero point of an asymmetric int8 grid is
-    ``-offset / step``). A tensor that is never negative gets every code of ``[-qmax - 1, qmax]`` over
-    ``[0, hi]``, so its zero point is the lowest code (runtimes drop a relu before such a quantize:
-    ONNX Runtime fuses the op before it only then). A span less than :data:`ASYMMETRIC_MIN_GAIN` narrower than the symmetric
+    ``-offset / step``). A span less than :data:`ASYMMETRIC_MIN_GAIN` narrower than the symmetric
     one keeps the symmetric grid, ``(threshold, 0.0)``: a zero point costs the runtime a
     compensation term per output.
     """
@@ -106,9 +104,6 @@ def asymmetric_range(threshold: float, lo: float, hi: float, bits: int) -> tuple
     half = (b - a) / 2
     if not 0 < half <= threshold * (1 - ASYMMETRIC_MIN_GAIN):
         return threshold, 0.0
-    if a >= 0:  # never negative (relu outputs): all 2 * qmax + 2 codes over [0, b], zero at the lowest code
-        step = b / (2 * qmax(bits) + 1)
-        return qmax(bits) * step, (qmax(bits) + 1) * step
     step = half / qmax(bits)
     return half, round((a + b) / 2 / step) * step
 

@@ -35,7 +35,7 @@ class OnnxPredictor:
                  onnx_file: Path) -> None:
         self.input_names = list(input_names)
         self._run = run
-        self.onnx_file = onnx_file
+        self.onnx_file = onnx_file  # or the .pdmodel the runtime reads itself
 
     def run(self, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         missing = [n for n in self.input_names if n not in feed]
@@ -61,6 +61,8 @@ class OnnxTarget(DeployTarget):
     activation_type: ClassVar[str] = "uint8"
     #: matmuls with an int8 weight and a float input quantize that input at run time (weight-only models)
     dynamic_matmuls: ClassVar[bool] = False
+    #: IR families whose saved Paddle program the runtime reads itself (no ONNX export needed)
+    reads_paddle: ClassVar[tuple[str, ...]] = ()
     #: the Python module the runtime needs (named in the error when it is missing)
     module: ClassVar[str]
 
@@ -72,20 +74,24 @@ class OnnxTarget(DeployTarget):
         try:
             __import__("paddle2onnx")
         except ImportError:
-            return "paddle2onnx is not installed, so no Paddle model can be exported to ONNX (pip install 'qcore[onnx]')"
+            return "paddle2onnx is not installed, so no Paddle model can be exported (pip install 'qcore[onnx]')"
         return None
 
     def companion_files(self, model: Any) -> dict[str, bytes]:
-        """The ONNX export the runtime runs, saved as :data:`ONNX_FILE` beside the Paddle model."""
+        """The ONNX export the runtime runs, saved as :data:`ONNX_FILE` beside the Paddle model (none for
+        the families it reads directly)."""
         from ..export import onnx_bytes
 
+        if model.family in self.reads_paddle:
+            return {}
         return {ONNX_FILE: onnx_bytes(model, activation_type=self.activation_type, dynamic=self.dynamic_matmuls)}
 
     def configure(self, config: inference.Config, threads: int) -> None:
         raise ConfigError(f"{self.name} runs ONNX files, not paddle.inference; use qcore.inference.create_predictor")
 
     def load(self, onnx_file: Path, threads: int) -> OnnxPredictor:
-        """The runtime's predictor for ``onnx_file`` on ``threads`` CPU threads."""
+        """The runtime's predictor for ``onnx_file`` (or a ``.pdmodel`` of :attr:`reads_paddle`) on ``threads``
+        CPU threads."""
         raise NotImplementedError
 
     def describe(self) -> dict[str, Any]:

@@ -2,9 +2,12 @@
 
 Facts (OpenVINO 2026.4, measured here where the text says so):
 
-* It reads ONNX files, PIR exports included (its Paddle frontend reads legacy ``.pdmodel`` files but
-  not PIR ``.json``), and turns each QDQ pair into a FakeQuantize that its low-precision
-  transformations run with int8 kernels.
+* It reads legacy ``.pdmodel`` programs itself (its Paddle frontend, our QDQ form with zero points
+  included: about 1 s) but not PIR ``.json`` ("Cannot recognize input model"): legacy models run
+  from their own files, PIR models through the ONNX export. Either way each QDQ pair becomes a
+  FakeQuantize that its low-precision transformations run with int8 kernels. Reading the legacy
+  program also covers models paddle2onnx 2.1 cannot convert (PP-OCRv4 det: "the 0th elementwise
+  MUST be ir::FloatAttribute", float or quantized).
 * Its default CPU float precision is bf16 where the CPU has it (AVX-512 BF16 / AMX): the float
   to beat. :data:`FLOAT_PRECISION` names what a predictor runs; ``QCORE_OPENVINO_PRECISION``
   (``f32`` / ``bf16``) chooses.
@@ -29,8 +32,9 @@ class OpenVinoRuntimeTarget(OnnxTarget):
     aliases = ("ov", "openvino_runtime")
     runtime = "OpenVINO runtime (openvino package), CPU plugin (the exported ONNX QDQ file)"
     module = "openvino"
+    reads_paddle = ("legacy",)
 
-    def load(self, onnx_file: Path, threads: int, precision: str | None = None) -> OnnxPredictor:
+    def load(self, model_file: Path, threads: int, precision: str | None = None) -> OnnxPredictor:
         import openvino as ov
 
         core = ov.Core()
@@ -38,7 +42,7 @@ class OpenVinoRuntimeTarget(OnnxTarget):
         precision = precision or os.environ.get(PRECISION_ENV) or None
         if precision:
             config["INFERENCE_PRECISION_HINT"] = precision
-        compiled = core.compile_model(core.read_model(str(onnx_file)), "CPU", config)
+        compiled = core.compile_model(core.read_model(str(model_file)), "CPU", config)
         request = compiled.create_infer_request()
         outputs = list(compiled.outputs)
 
@@ -46,7 +50,7 @@ class OpenVinoRuntimeTarget(OnnxTarget):
             result = request.infer(dict(feed))
             return [result[o].copy() for o in outputs]
 
-        return OnnxPredictor([i.get_any_name() for i in compiled.inputs], run, onnx_file)
+        return OnnxPredictor([i.get_any_name() for i in compiled.inputs], run, model_file)
 
     def describe(self) -> dict[str, Any]:
         import openvino as ov

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     import onnx
 
 
-def _constant(name: str, initializers: dict[str, np.ndarray], producers: dict[str, onnx.NodeProto]) -> np.ndarray | None:
+def _constant(name: str, initializers: dict[str, np.ndarray],
+              producers: dict[str, onnx.NodeProto]) -> np.ndarray | None:
     """The value of ``name`` when it is an initializer, or a reshape / unsqueeze / identity of one."""
     if name in initializers:
         return initializers[name]

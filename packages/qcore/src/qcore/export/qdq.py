@@ -44,8 +44,25 @@ def _readers(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto, int
     return found
 
 
-def _zero_point(grid: ActivationGrid, activation_type: str, where: str) -> int:
-    """The ONNX zero point that runs ``grid`` in ``activation_type`` exactly (ONNX clips to the type's range)."""
+#: ONNX ops whose output is never negative when their input is not (or never, for Relu).
+_KEEPS_SIGN = {"MaxPool", "AveragePool", "GlobalAveragePool", "Identity", "Reshape", "Flatten", "Transpose"}
+
+
+def _never_negative(name: str, producers: dict[str, onnx.NodeProto]) -> bool:
+    node = producers.get(name)
+    while node is not None and node.op_type in _KEEPS_SIGN:
+        node = producers.get(node.input[0])
+    return node is not None and node.op_type == "Relu"
+
+
+def _zero_point(grid: ActivationGrid, activation_type: str, where: str, never_negative: bool = False) -> int:
+    """The ONNX zero point that runs ``grid`` in ``activation_type`` (ONNX clips to the type's range).
+
+    Exact for every input, except one case: a never-negative tensor whose grid puts zero one code above
+    the lowest (the toolkit's asymmetric grid of a relu output: 255 codes over ``[0, t]``) gets zero at the
+    type's lowest code, so ONNX Runtime can drop the relu and fuse the op before it. Its codes never reach
+    the grid's lowest one, so only values above the threshold deploy differently (one step more).
+    """
     if grid.qmax - grid.qmin != 255:
         raise ExportError(
             f"{where}: its grid has {grid.qmax - grid.qmin + 1} levels; ONNX QDQ runs 8-bit activations only "
@@ -57,7 +74,8 @@ def _zero_point(grid: ActivationGrid, activation_type: str, where: str) -> int:
             f"{where}: an unsigned or asymmetric grid does not fit int8 activations with zero point 0 (TensorRT's "
             "form); export with activation_type='uint8' or quantize with symmetric activations"
         )
-    return grid.zero_point + lowest - grid.qmin
+    bottom = grid.qmin + 1 if never_negative and grid.zero_point == grid.qmin + 1 else grid.qmin
+    return grid.zero_point + lowest - bottom
 
 
 def write_qdq(model: onnx.ModelProto, taken: Unquantized, activation_type: str = "uint8",
@@ -65,7 +83,6 @@ def write_qdq(model: onnx.ModelProto, taken: Unquantized, activation_type: str =
     """Put ``taken`` (grids and integer weights) into ``model``, paddle2onnx's float graph of the program
     :meth:`~qcore.graph.Graph.unquantize` left, in place. ``dynamic``: an int8-weight ``MatMul`` whose input
     carries no QDQ quantizes it at run time (:func:`_dynamic_matmul`)."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     if activation_type not in ACTIVATION_TYPES:
@@ -96,7 +113,8 @@ def write_qdq(model: onnx.ModelProto, taken: Unquantized, activation_type: str =
             )
         scale, zero = f"{name}.scale", f"{name}.zero_point"
         initializers += [numpy_helper.from_array(np.array(grid.step, np.float32), scale),
-                         numpy_helper.from_array(np.array(_zero_point(grid, activation_type, name),
+                         numpy_helper.from_array(np.array(_zero_point(grid, activation_type, name,
+                                                                      _never_negative(cast.input[0], producers)),
                                                           helper.tensor_dtype_to_np_dtype(elem)), zero)]
         removed.add(id(cast))
         pairs(cast.input[0], name, scale, zero, readers.get(name, []))
@@ -111,11 +129,12 @@ def write_qdq(model: onnx.ModelProto, taken: Unquantized, activation_type: str =
     for weight in taken.weights:
         at = readers.get(weight.name, [])
         if dynamic:
-            for node, slot in [(n, s) for n, s in at if n.op_type == "MatMul" and s == 1
-                               and n.input[0] not in quantized_inputs]:
+            runtime_quantized = [n for n, s in at if n.op_type == "MatMul" and s == 1
+                                 and n.input[0] not in quantized_inputs]
+            for node in runtime_quantized:
                 before[id(node)] += _dynamic_matmul(node, weight)
                 removed.add(id(node))
-                at = [(n, s) for n, s in at if n is not node]
+            at = [(n, s) for n, s in at if id(n) not in {id(m) for m in runtime_quantized}]
         weight_nodes += _weight_dq(weight, stored, at, initializers)
         graph.initializer.remove(stored.pop(weight.name))
 

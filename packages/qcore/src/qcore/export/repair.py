@@ -8,6 +8,51 @@ if TYPE_CHECKING:
     import onnx
 
 
+def _ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """The rank of every value ONNX's shape inference can tell (initializers included)."""
+    from onnx import shape_inference
+
+    inferred = shape_inference.infer_shapes(model, strict_mode=False)
+    values = [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in values if v.type.tensor_type.HasField("shape")}
+    ranks.update({i.name: len(i.dims) for i in model.graph.initializer})
+    return ranks
+
+
+def scalars_in_shape_concats(model: onnx.ModelProto) -> int:
+    """Make every rank-0 input of a ``Concat`` of 1-D pieces 1-D (an ``Unsqueeze``); returns how many.
+
+    paddle2onnx builds a reshape's target shape by concatenating its pieces and writes a scalar
+    piece as a rank-0 tensor: ONNX Runtime and OpenVINO both refuse the model ("All inputs to
+    Concat must have same rank"). Seen in PP-OCRv4 rec (5 Concats, its SVTR reshapes).
+    """
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    ranks = _ranks(model)
+    fixed = 0
+    axes = "qcore.repair.unsqueeze_axes"
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type == "Concat" and {ranks.get(i) for i in node.input} == {0, 1}:
+            for slot, name in enumerate(node.input):
+                if ranks.get(name) == 0:
+                    out = f"{name}.qcore_1d"
+                    nodes.append(helper.make_node("Unsqueeze", [name, axes], [out], name=out))
+                    node.input[slot] = out
+                    fixed += 1
+        nodes.append(node)
+    if fixed:
+        model.graph.initializer.append(numpy_helper.from_array(np.array([0], np.int64), axes))
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return fixed
+
+
 def repair(model: onnx.ModelProto) -> list[str]:
-    """Fix ``model`` in place; returns one line per repair made."""
-    return []
+    """Fix ``model`` in place; returns one line per kind of repair made."""
+    done = []
+    scalars = scalars_in_shape_concats(model)
+    if scalars:
+        done.append(f"{scalars} rank-0 Concat input(s) made 1-D")
+    return done

@@ -366,7 +366,8 @@ class LegacyGraph(Graph):
         codes = self.get_param(codes_name)
         if chain[0].type == "dequantize_linear":
             axis = chain[0].attr("quant_axis")
-            steps = scale_from_threshold(self.get_param(chain[0].input("Scale")[0]).ravel(), chain[0].attr("bit_length"))
+            thresholds = self.get_param(chain[0].input("Scale")[0]).ravel()
+            steps = scale_from_threshold(thresholds, chain[0].attr("bit_length"))
         else:
             steps = self.get_param(chain[1].input("Y")[0]).ravel()
             axis = chain[1].attr("axis") if steps.size > 1 else -1
