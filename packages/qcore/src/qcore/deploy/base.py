@@ -118,6 +118,9 @@ class DeployTarget(ABC):
     asymmetric_activations: ClassVar[bool] = False
     #: asymmetric grids when the caller does not choose (``activation_symmetric=None``)
     asymmetric_by_default: ClassVar[bool] = False
+    #: asymmetric grids must hold zero (ONNX's zero point is a code of the type: a tensor that never reaches 0,
+    #: such as a sigmoid's output, gets a grid stretched down to 0)
+    zero_on_grid: ClassVar[bool] = False
     #: reads the ``ZeroPoint`` of activation QDQ pairs (asymmetric grids deploy as zero points, not shifts)
     activation_zero_points: ClassVar[bool] = False
     #: runs int8 dot products on an x86 CPU, where without VNNI they saturate (:mod:`qcore.deploy.host`)

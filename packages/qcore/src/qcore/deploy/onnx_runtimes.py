@@ -57,6 +57,7 @@ class OnnxTarget(DeployTarget):
     cpu_int8 = True
     asymmetric_activations = True  # written as zero points (legacy ZeroPoint, PIR shifts: both export as such)
     activation_zero_points = True
+    zero_on_grid = True
     #: the element type the export writes activations in (:data:`qcore.export.ACTIVATION_TYPES`)
     activation_type: ClassVar[str] = "uint8"
     #: matmuls with an int8 weight and a float input quantize that input at run time (weight-only models)

@@ -4,9 +4,10 @@ The float graph comes from paddle2onnx with each activation QDQ pair of the Padd
 standing as a marker ``Cast`` (float -> float) and each integer weight as a float initializer
 (:meth:`qcore.graph.Graph.unquantize`). This module replaces them:
 
-* a marker becomes one ``QuantizeLinear -> DequantizeLinear`` pair **per reader** (same scale and
-  zero point): ONNX Runtime fuses a pair into an int8 kernel only when it feeds that kernel
-  alone, and OpenVINO and TensorRT read either form;
+* a marker becomes one ``QuantizeLinear`` and one ``DequantizeLinear`` **per reader** (same scale and
+  zero point): ONNX Runtime fuses a ``DequantizeLinear`` into an int8 kernel only when it feeds that
+  kernel alone, and the op writing the tensor only when one ``QuantizeLinear`` reads it; OpenVINO
+  and TensorRT read either form;
 * a weight becomes an int8 initializer read through ``DequantizeLinear`` (per-channel scales
   along the Paddle weight's channel axis, which paddle2onnx keeps), one per reader.
 
@@ -75,7 +76,12 @@ def _zero_point(grid: ActivationGrid, activation_type: str, where: str, never_ne
             "form); export with activation_type='uint8' or quantize with symmetric activations"
         )
     bottom = grid.qmin + 1 if never_negative and grid.zero_point == grid.qmin + 1 else grid.qmin
-    return grid.zero_point + lowest - bottom
+    zero = grid.zero_point + lowest - bottom
+    if not lowest <= zero <= lowest + 255:
+        raise ExportError(f"{where}: its grid does not hold zero (zero point {grid.zero_point} outside "
+                          f"[{grid.qmin}, {grid.qmax}]); ONNX cannot write it: quantize for deploy_backend="
+                          "'onnxruntime' or 'openvino-runtime', whose grids always hold zero")
+    return zero
 
 
 def write_qdq(model: onnx.ModelProto, taken: Unquantized, activation_type: str = "uint8",
@@ -96,12 +102,15 @@ def write_qdq(model: onnx.ModelProto, taken: Unquantized, activation_type: str =
     removed: set[int] = set()
     initializers: list[onnx.TensorProto] = []
 
-    def pairs(source: str, name: str, scale: str, zero: str, at: list[tuple[onnx.NodeProto, int]]) -> None:
+    def pairs(cast: onnx.NodeProto, name: str, scale: str, zero: str, at: list[tuple[onnx.NodeProto, int]]) -> None:
+        q = f"{name}.q"
+        before[id(cast)].append(helper.make_node("QuantizeLinear", [cast.input[0], scale, zero], [q], name=q))
         for i, (node, slot) in enumerate(at):
-            q, dq = f"{name}.q{i}", f"{name}.dq{i}"
-            before[id(node)] += [helper.make_node("QuantizeLinear", [source, scale, zero], [q], name=q),
-                                 helper.make_node("DequantizeLinear", [q, scale, zero], [dq], name=dq)]
+            dq = f"{name}.dq{i}"
+            before[id(node)].append(helper.make_node("DequantizeLinear", [q, scale, zero], [dq], name=dq))
             node.input[slot] = dq
+        if name in outputs:  # a model output keeps its name, now written by its own dequantize
+            before[id(cast)].append(helper.make_node("DequantizeLinear", [q, scale, zero], [name], name=name))
 
     for k, grid in sorted(taken.markers.items()):
         name = MARKER_NAME.format(k)
@@ -117,11 +126,7 @@ def write_qdq(model: onnx.ModelProto, taken: Unquantized, activation_type: str =
                                                                       _never_negative(cast.input[0], producers)),
                                                           helper.tensor_dtype_to_np_dtype(elem)), zero)]
         removed.add(id(cast))
-        pairs(cast.input[0], name, scale, zero, readers.get(name, []))
-        if name in outputs:  # a model output keeps its name, now written by its own pair
-            q = f"{name}.qout"
-            before[id(cast)] += [helper.make_node("QuantizeLinear", [cast.input[0], scale, zero], [q], name=q),
-                                 helper.make_node("DequantizeLinear", [q, scale, zero], [name], name=name)]
+        pairs(cast, name, scale, zero, readers.get(name, []))
 
     weight_nodes = []
     stored = {i.name: i for i in graph.initializer}

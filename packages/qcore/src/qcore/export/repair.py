@@ -49,9 +49,28 @@ def scalars_in_shape_concats(model: onnx.ModelProto) -> int:
     return fixed
 
 
+def constants_to_initializers(model: onnx.ModelProto) -> int:
+    """Turn every ``Constant`` node holding a tensor into an initializer of the same name; returns how many.
+
+    paddle2onnx writes some parameters as ``Constant`` nodes instead of initializers (seen: the batch-norm
+    folded conv weights of PP-OCR v2 cls); the QDQ writer finds weights among the initializers.
+    """
+    constants = [n for n in model.graph.node if n.op_type == "Constant" and len(n.attribute) == 1
+                 and n.attribute[0].name == "value"]
+    for node in constants:
+        tensor = node.attribute[0].t
+        tensor.name = node.output[0]
+        model.graph.initializer.append(tensor)
+        model.graph.node.remove(node)
+    return len(constants)
+
+
 def repair(model: onnx.ModelProto) -> list[str]:
     """Fix ``model`` in place; returns one line per kind of repair made."""
     done = []
+    constants = constants_to_initializers(model)
+    if constants:
+        done.append(f"{constants} Constant node(s) made initializers")
     scalars = scalars_in_shape_concats(model)
     if scalars:
         done.append(f"{scalars} rank-0 Concat input(s) made 1-D")

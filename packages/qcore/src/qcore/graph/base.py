@@ -197,6 +197,20 @@ class Graph(ABC):
     def _key(self, value: Any) -> Any:
         """A hashable identity of a backend value."""
 
+    def readers(self, ops: Iterable[OpRef]) -> dict[int, list[Operand]]:
+        """For each of ``ops`` (keyed by ``id(op.raw)``), the float operands of other ops that read its first
+        output, in program order (one pass over the program); a model output read by no op has none."""
+        outputs = {self._key(self.output(op)): id(op.raw) for op in ops}
+        found: dict[int, list[Operand]] = {k: [] for k in outputs.values()}
+        for reader in self.ops():
+            if reader.type in ("feed", "fetch"):  # legacy programs' I/O ops read no tensor as ops do
+                continue
+            for operand in self.operands(reader):
+                owner = outputs.get(self._key(operand.value))
+                if owner is not None:
+                    found[owner].append(operand)
+        return found
+
     def weight_channel_axis(self, op: OpRef) -> int | None:
         """Output-channel axis of ``op``'s weight (honours a transposed matmul weight)."""
         entry = OP_TABLE.get(op.seed_type or "")
