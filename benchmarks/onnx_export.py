@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import re
 import sys
 import tempfile
 import time
@@ -86,7 +87,8 @@ def minilm_model(work: Path) -> dict | None:
         return f"{cos.mean():.4f} / {cos.min():.4f}"
 
     return {"label": "all-MiniLM-L6-v2 (PIR, seq 128)", "dir": minilm.save_pir(net, work / "minilm"),
-            "feeds": feeds, "metric": metric, "ops": ["mul"], "algo": "hist", "transformer": True}
+            "feeds": feeds, "metric": metric, "ops": ["mul"], "algo": "hist", "transformer": True,
+            "options": {"activation_symmetric": False}}
 
 
 def ocr_model(key: str) -> dict | None:
@@ -163,7 +165,7 @@ def run_model(model: dict, work: Path) -> tuple[list[str], list[str]]:
     source = find_model_files(model["dir"])
     calib = {k: v[:CALIB] for k, v in model["feeds"].items()}
     evaluate = {k: v[CALIB:] for k, v in model["feeds"].items()}
-    tag = model["label"].split(" (")[0].replace(" ", "_")
+    tag = re.sub(r"[^\w.-]+", "_", model["label"])
     files: dict[str, Path] = {}
     seconds: dict[str, float] = {}
     notes: list[str] = []
@@ -183,7 +185,8 @@ def run_model(model: dict, work: Path) -> tuple[list[str], list[str]]:
         out = work / f"{tag}.ours.{runtime}"
         quant_post_static(None, source.directory, out, batch_generator=lambda: iter(split(calib)),
                           algo=model["algo"], optimize_model=True, deploy_backend=runtime,
-                          quantizable_op_type=model["ops"], save_model_filename=None, save_params_filename=None)
+                          quantizable_op_type=model["ops"], save_model_filename=None, save_params_filename=None,
+                          **model.get("options", {}))
         return out / ONNX_FILE if (out / ONNX_FILE).exists() else out
 
     def ours_dynamic() -> Path:
@@ -259,9 +262,17 @@ def main() -> None:
             else:
                 name, family = key.rsplit("_", 1)
                 model = vision_model(name, family, work)
-            r, n = run_model(model, work)
+            try:
+                r, n = run_model(model, work)
+            except Exception as error:  # one model's failure is a note, not the end of the table
+                r, n = [], [f"{model['label']}: failed: {type(error).__name__}: {str(error).splitlines()[0][:300]}"]
             rows += r
             notes += n
+            write_results(rows, notes)
+
+
+def write_results(rows: list[str], notes: list[str]) -> None:
+    """The table so far (rewritten after every model, so a later failure keeps what was measured)."""
     import onnxruntime
     import openvino
 
@@ -286,11 +297,11 @@ def main() -> None:
     ]
     metric_note = ["", "Metric: cosine to the float model's output for the random-weight vision models; sentence "
                    "embedding cosine to float, mean / min over the sentences, for all-MiniLM-L6-v2; PP-OCR rec exact "
-                   "match %, cls accuracy %, det text-pixel IoU with the float model's map %. Ours: algo KL (hist for "
-                   "the transformer), convs and fcs; ours dynamic: quant_post_dynamic for onnxruntime (int8 weights, "
-                   "inputs quantized at run time)."]
+                   "match %, cls accuracy %, det text-pixel IoU with the float model's map %. Ours: algo KL (hist and "
+                   "asymmetric activations on both runtimes for the transformer), convs and fcs; ours dynamic: "
+                   "quant_post_dynamic for onnxruntime (int8 weights, inputs quantized at run time)."]
     RESULTS.write_text("\n".join(header + rows + metric_note + [""] + [f"- {n}" for n in notes]) + "\n")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {RESULTS}", flush=True)
 
 
 def _cpu() -> str:

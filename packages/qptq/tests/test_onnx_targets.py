@@ -23,7 +23,7 @@ F = paddle.nn.functional
 
 
 class EveryKind(paddle.nn.Layer):
-    """conv + batch norm, depthwise conv, transposed conv, a residual add, an average pool and an fc.
+    """conv + batch norm + relu, depthwise conv + hardswish, transposed conv, a residual add, an average pool, an fc.
 
     ``transposed=False`` leaves the transposed conv out: Paddle 3.3.1's executor refuses to run a PIR
     ``conv2d_transpose`` on CPU ("ConvTransposeOneDNN works only for inference"), so PIR models with
@@ -43,7 +43,7 @@ class EveryKind(paddle.nn.Layer):
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         y = F.relu(self.bn(self.conv(x)))
-        z = F.relu(self.depthwise(y))
+        z = F.hardswish(self.depthwise(y))
         y = y + (self.down(F.relu(self.up(z))) if self.transposed else z)
         return self.fc(paddle.flatten(self.pool(y), 2).transpose([0, 2, 1]))  # [N, 16, 16]
 
@@ -114,8 +114,11 @@ def test_the_quantized_model_is_saved_with_its_onnx_export(for_onnxruntime, floa
         node = producers.get(name)
         return "input" if node is None else writer(node.input[0]) if node.op_type == "Identity" else node.op_type
 
-    # relu outputs, and the conv outputs the relus read (ONNX Runtime fuses a conv only with a quantized output)
+    # ONNX Runtime fuses a conv only when its output is quantized: before the hardswish (a float op) the conv's
+    # output is; before a relu only the relu's output (it drops the relu then)
     assert {writer(n.input[0]) for n in quantizes} >= {"Conv", "Relu", "input"}
+    relu_inputs = {n.input[0] for n in model.graph.node if n.op_type == "Relu"}
+    assert not relu_inputs & {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
 
 
 def test_weight_scales_are_the_paddle_models_steps_with_batch_norm_folded(for_onnxruntime, float_model):

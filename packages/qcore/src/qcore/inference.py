@@ -15,10 +15,7 @@ all of them for a set of models at once (:func:`evaluate`).
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Mapping
@@ -30,15 +27,12 @@ from paddle import inference
 
 from .deploy import DeployTarget, OnnxPredictor, OnnxTarget, get_target
 from .deploy.base import marked_backend
-from .deploy.onednn import OneDnnTarget
 from .errors import ConfigError
-from .model_io import Model, ModelFiles, find_model_files, load_model, save_model
+from .model_io import Model, ModelFiles, find_model_files, load_model
 from .paddle_env import native_output_quiet
 
 #: Set to 1 to see what Paddle Inference's passes print while a predictor is built (``qcli --verbose`` does).
 PADDLE_LOGS_ENV = "QCORE_PADDLE_LOGS"
-_LINKED: list[Path] = []  # temporary copies under *.pdmodel names, removed at exit
-atexit.register(lambda: [shutil.rmtree(p, ignore_errors=True) for p in _LINKED])
 
 
 Predictor = Union[inference.Predictor, OnnxPredictor]
@@ -65,37 +59,25 @@ def create_predictor(
     target = get_target("native" if not onednn else backend)
     onnx_file = Path(files) if not isinstance(files, ModelFiles) and str(files).endswith(".onnx") else None
     if isinstance(target, OnnxTarget):
-        reason = target.unavailable()
-        if reason is not None:
-            raise ConfigError(f"backend {target.name!r} cannot run here: {reason}")
-        if onnx_file is not None:
-            return target.load(onnx_file, threads)
-        files = files if isinstance(files, ModelFiles) else find_model_files(files)
-        if files.family in target.reads_paddle:
-            return target.load(_as_pdmodel(files).model_file, threads)
-        return target.load(_as_onnx(files, target), threads)
+        return target.predictor(onnx_file or (files if isinstance(files, ModelFiles) else find_model_files(files)),
+                                threads)
     if onnx_file is not None:
         raise ConfigError(f"{onnx_file} is an ONNX file; run it with backend='onnxruntime' or 'openvino-runtime'")
     if not isinstance(files, ModelFiles):
         files = find_model_files(files)
-    if isinstance(target, OneDnnTarget) and not int8:
-        target = OneDnnTarget(int8_kernels=False)
+    if not int8:
+        target = target.float_kernels()
     reason = target.unavailable() or target.accepts(files.model_file)
     if reason is not None:
         raise ConfigError(f"backend {target.name!r} cannot run {files.model_file}: {reason}")
     program = files.model_file.read_bytes()
-    made_for = marked_backend(program) if files.family == "legacy" else None
-    if isinstance(target, OneDnnTarget) and made_for not in (None, "onednn"):
-        warnings.warn(
-            f"{files.model_file} was quantized for {made_for!r}: oneDNN's int8 passes run some of its layers "
-            "wrongly or in float (quantize with deploy_backend=None or 'onednn' for this backend)",
-            stacklevel=2,
-        )
+    made_for = target.made_for_problem(marked_backend(program) if files.family == "legacy" else None)
+    if made_for is not None:
+        warnings.warn(f"{files.model_file}: {made_for}", stacklevel=2)
     problem = target.host_problem()
     if problem is not None and (b"quantize_linear" in program or b"fake_quantize" in program):  # a QDQ model
         warnings.warn(f"{files.model_file}: {problem}", stacklevel=2)
-    if files.family == "legacy" and target.name == "openvino":
-        files = _as_pdmodel(files)
+    files = target.predictor_files(files)
     if files.params_file is None:
         config = inference.Config(str(files.directory))
         config.set_prog_file(str(files.model_file))
@@ -105,29 +87,6 @@ def create_predictor(
     target.configure(config, threads)
     with native_output_quiet(os.environ.get(PADDLE_LOGS_ENV) != "1"):  # the passes print ~100 lines otherwise
         return inference.create_predictor(config)
-
-
-def _as_onnx(files: ModelFiles | str | os.PathLike[str], target: OnnxTarget) -> Path:
-    """The ONNX export of a Paddle model, written to a temporary directory removed at exit."""
-    from .export import export_onnx
-
-    tmp = Path(tempfile.mkdtemp(prefix="qcore-onnx-"))
-    _LINKED.append(tmp)
-    return export_onnx(files, tmp / "model.onnx", activation_type=target.activation_type,
-                       dynamic=target.dynamic_matmuls)
-
-
-def _as_pdmodel(files: ModelFiles) -> ModelFiles:
-    """``files`` under ``*.pdmodel`` / ``*.pdiparams`` names (OpenVINO's frontend opens no others)."""
-    if files.model_file.suffix == ".pdmodel" and files.params_file is not None:
-        return files
-    tmp = Path(tempfile.mkdtemp(prefix="qcore-ov-"))
-    _LINKED.append(tmp)
-    if files.params_file is None:  # one file per parameter: write them combined
-        return save_model(load_model(files), tmp / "model", "model.pdmodel", "model.pdiparams")
-    os.symlink(files.model_file.resolve(), tmp / "model.pdmodel")
-    os.symlink(files.params_file.resolve(), tmp / "model.pdiparams")
-    return ModelFiles(tmp / "model.pdmodel", tmp / "model.pdiparams", "legacy")
 
 
 def run_predictor(predictor: Predictor, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:

@@ -190,6 +190,19 @@ class DeployTarget(ABC):
     def configure(self, config: inference.Config, threads: int) -> None:
         """Set up a ``paddle.inference`` config for this runtime."""
 
+    def float_kernels(self) -> DeployTarget:
+        """This runtime with its int8 kernels switched off (the float baseline to compare with); the target
+        itself where nothing switches them."""
+        return self
+
+    def made_for_problem(self, made_for: str | None) -> str | None:
+        """Why a model quantized for the backend ``made_for`` (:func:`marked_backend`) runs worse here, or None."""
+        return None
+
+    def predictor_files(self, files: Any) -> Any:
+        """``files`` (:class:`~qcore.model_io.ModelFiles`) as the runtime opens them; the same by default."""
+        return files
+
     def companion_files(self, model: Any) -> dict[str, bytes]:
         """Files a model quantized for this runtime is saved with (name -> bytes), from the quantized
         :class:`~qcore.model_io.Model`; none for runtimes that read the Paddle program itself."""

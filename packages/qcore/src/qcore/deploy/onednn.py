@@ -596,6 +596,15 @@ class OneDnnTarget(DeployTarget):
         self.fallback = fallback
         self.int8_kernels = int8_kernels
 
+    def float_kernels(self) -> OneDnnTarget:
+        return OneDnnTarget(self.fallback, int8_kernels=False, overflow_fix=self.overflow_fix)
+
+    def made_for_problem(self, made_for: str | None) -> str | None:
+        if made_for in (None, "onednn"):
+            return None
+        return (f"it was quantized for {made_for!r}: oneDNN's int8 passes run some of its layers wrongly or in "
+                "float (quantize with deploy_backend=None or 'onednn' for this backend)")
+
     def op_problem(self, op: OpRef, family: str) -> str | None:
         return None  # the op-level rules depend on the graph: :class:`OneDnnRules`
 

@@ -16,9 +16,12 @@ import numpy as np
 
 from ..errors import ConfigError
 from .base import DeployTarget
+from .scratch import as_pdmodel, scratch_dir
 
 if TYPE_CHECKING:
     from paddle import inference
+
+    from ..model_io import ModelFiles
 
 #: The seed op types both runtimes run in int8 when their inputs carry QDQ (ONNX Runtime's QDQ
 #: fusions: QLinearConv, QLinearMatMul / MatMulIntegerToFloat, QLinearAdd, int8 pools; OpenVINO's
@@ -89,6 +92,22 @@ class OnnxTarget(DeployTarget):
 
     def configure(self, config: inference.Config, threads: int) -> None:
         raise ConfigError(f"{self.name} runs ONNX files, not paddle.inference; use qcore.inference.create_predictor")
+
+    def predictor(self, files: ModelFiles | Path, threads: int) -> OnnxPredictor:
+        """The runtime's predictor for an ``.onnx`` file or a Paddle model (its own program where the runtime
+        reads the family, else its export in a temporary file)."""
+        reason = self.unavailable()
+        if reason is not None:
+            raise ConfigError(f"backend {self.name!r} cannot run here: {reason}")
+        if isinstance(files, Path):
+            return self.load(files, threads)
+        if files.family in self.reads_paddle:
+            return self.load(as_pdmodel(files).model_file, threads)
+        from ..export import export_onnx
+
+        onnx_file = scratch_dir("qcore-onnx-") / "model.onnx"
+        return self.load(export_onnx(files, onnx_file, activation_type=self.activation_type,
+                                     dynamic=self.dynamic_matmuls), threads)
 
     def load(self, onnx_file: Path, threads: int) -> OnnxPredictor:
         """The runtime's predictor for ``onnx_file`` (or a ``.pdmodel`` of :attr:`reads_paddle`) on ``threads``

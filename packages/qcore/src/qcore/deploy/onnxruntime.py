@@ -33,6 +33,11 @@ if TYPE_CHECKING:
     from ..graph import Graph, OpRef
 
 
+#: Activations ONNX Runtime fuses into the int8 op before them (when their own output is quantized with
+#: the zero point at the lowest code): their input needs no quantize of its own (op type without "pd_op.").
+FUSED_ACTIVATIONS = frozenset({"relu"})
+
+
 class OutputReaderRules(ModelRules):
     """The data rules, except for the ops :meth:`OnnxRuntimeTarget.plan` quantizes only as readers of an int8
     op's output: they run float whatever their type (so no kernel of their own is needed)."""
@@ -75,6 +80,9 @@ class OnnxRuntimeTarget(OnnxTarget):
         for op in weighted:
             add = biased.get(id(op.raw))
             for operand in after_bias[id(add.raw)] if add is not None else readers[id(op.raw)]:
+                # ONNX Runtime fuses a relu into the conv before it when the relu's output is quantized
+                if operand.op.type.split(".")[-1] in FUSED_ACTIVATIONS:
+                    continue
                 if id(operand.op.raw) not in planned:
                     planned.add(id(operand.op.raw))
                     extra.append(OpTarget(operand.op, None, [operand], for_conv=op, runs_float=True))

@@ -13,7 +13,7 @@ Measured with Paddle 3.3.1 (OpenVINO 2025.0 inside the wheel):
 
 * PIR programs (``*.json``) are not converted: the engine silently runs Paddle's own kernels
   (the PIR oneDNN passes run, outputs equal oneDNN's). :meth:`OpenVinoTarget.accepts` refuses them.
-* The engine opens only model files named ``*.pdmodel``; :func:`qcore.inference.create_predictor`
+* The engine opens only model files named ``*.pdmodel``; :meth:`OpenVinoTarget.predictor_files`
   links ``__model__`` models under such names.
 * A transposed conv's int8 weight is read through cast -> multiply, which OpenVINO folds the
   same way (PP-OCRv4 det at 640x640: 23.9 ms against 25.7 ms with ``dequantize_linear``, 51.8 ms
@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from ..optable import CONV_TYPES
 from .base import DeployTarget, ModelRules, OpTarget
 from .onednn import Dataflow, fused_residual_inputs
+from .scratch import as_pdmodel
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -122,6 +123,10 @@ class OpenVinoTarget(DeployTarget):
 
     def rules(self, graph: Graph, targets: list[OpTarget], float_inputs: Iterable[str] = ()) -> ModelRules:
         return OpenVinoRules(self, graph)
+
+    def predictor_files(self, files: Any) -> Any:
+        """Legacy models under ``*.pdmodel`` names: the engine opens no others."""
+        return as_pdmodel(files) if files.family == "legacy" else files
 
     def accepts(self, model_file: Any) -> str | None:
         if Path(model_file).suffix == ".json":

@@ -1,0 +1,115 @@
+"""qcore.export's pieces on hand-built graphs: Graph.unquantize (both IRs), the repairs of paddle2onnx output,
+the conv-bias fold and the QDQ writer's zero points; and the whole export of a hand-quantized model."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from qcore.errors import ExportError
+from qcore.export import export_onnx
+from qcore.export.fusable import biases_into_convs
+from qcore.export.qdq import _zero_point
+from qcore.export.repair import constants_to_initializers, scalars_in_shape_concats
+from qcore.graph import open_graph
+from qcore.graph.base import ActivationGrid
+from qcore.model_io import load_model
+from qdemo.testing import make_tiny_net, sample_input, save_tiny_net
+
+
+def _run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feed)
+
+
+def test_rank0_concat_pieces_are_made_1d_and_the_model_loads():
+    # x [N, 6] reshaped to [N, 2, 3]: the target shape concatenates shape(x)[0] (1-D) with a scalar 2 and [3]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Slice", ["shape", "zero", "one"], ["batch"]),
+        helper.make_node("Concat", ["batch", "two", "three"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+             (("zero", [0]), ("one", [1]), ("two", 2), ("three", [3]))]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    with pytest.raises(Exception, match="same rank"):
+        _run(model, {"x": np.zeros((2, 6), np.float32)})
+    assert scalars_in_shape_concats(model) == 1
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    np.testing.assert_array_equal(_run(model, {"x": x})[0], x.reshape(2, 2, 3))
+    assert scalars_in_shape_concats(model) == 0  # nothing left to repair
+
+
+def test_constant_weights_become_initializers_and_biases_go_into_convs():
+    w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    b = np.arange(4, dtype=np.float32)
+    nodes = [
+        helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(w)),
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Reshape", ["b", "shape"], ["b4"]),
+        helper.make_node("Add", ["c", "b4"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(b, "b"), numpy_helper.from_array(np.array([1, 4, 1, 1], np.int64), "shape")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 5, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    x = np.random.default_rng(1).standard_normal((1, 3, 5, 5)).astype(np.float32)
+    before = _run(model, {"x": x})[0]
+    assert constants_to_initializers(model) == 1 and "w" in {i.name for i in model.graph.initializer}
+    assert biases_into_convs(model) == 1
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    assert len(conv.input) == 3 and conv.output[0] == "y" and not any(n.op_type == "Add" for n in model.graph.node)
+    np.testing.assert_allclose(_run(model, {"x": x})[0], before, rtol=1e-6, atol=1e-6)
+
+
+def test_zero_points_by_hand():
+    signed = ActivationGrid(0.1, 0, -128, 127)
+    assert _zero_point(signed, "uint8", "t") == 128 and _zero_point(signed, "int8", "t") == 0
+    unsigned = ActivationGrid(0.1, 0, 0, 255)  # oneDNN's unsigned relu outputs
+    assert _zero_point(unsigned, "uint8", "t") == 0
+    relu = ActivationGrid(0.1, -127, -128, 127)  # the 255-code asymmetric grid over [0, t]
+    assert _zero_point(relu, "uint8", "t") == 1 and _zero_point(relu, "uint8", "t", never_negative=True) == 0
+    with pytest.raises(ExportError, match="8-bit activations only"):
+        _zero_point(ActivationGrid(0.1, 0, -8, 7), "uint8", "t")
+    with pytest.raises(ExportError, match="activation_type='uint8'"):
+        _zero_point(unsigned, "int8", "t")
+    with pytest.raises(ExportError, match="does not hold zero"):
+        _zero_point(ActivationGrid(0.1, -140, -128, 127), "uint8", "t")
+
+
+@pytest.mark.parametrize("fmt", ["pir", "legacy_pdmodel", "legacy_combined", "legacy_separate"])
+def test_unquantize_gives_back_the_grids_and_codes_and_the_export_runs_as_simulated(fmt, tmp_path):
+    save_tiny_net(make_tiny_net(), tmp_path / "float", fmt)
+    model = load_model(tmp_path / "float")
+    graph = open_graph(model)
+    conv = graph.ops(["conv2d"])[0]
+    graph.insert_act_qdq(graph.activation_operands(conv)[0], 2.54)  # step 0.02
+    stored = graph.quantize_weight(graph.weight_operand(conv), 8, axis=0)
+    x = sample_input(4)
+    simulated = model.run({"x": x})[0]
+
+    copy = graph.clone()
+    taken = copy.unquantize()
+    assert list(taken.markers.values()) == [ActivationGrid(pytest.approx(0.02), 0, -128, 127)]
+    (weight,) = taken.weights
+    np.testing.assert_array_equal(weight.codes, stored.codes)
+    np.testing.assert_allclose(weight.steps, stored.thresholds / 127, rtol=1e-6)
+    assert weight.axis == 0
+    # the float form computes the same model without the rounding: within a few activation steps of it
+    assert np.abs(copy.model.run({"x": x})[0] - simulated).max() < 0.1
+    assert "quantize_linear" not in " ".join(copy.op_types())
+
+    path = export_onnx(model, tmp_path / "model.onnx")
+    exported = onnx.load(str(path))
+    assert sum(n.op_type == "QuantizeLinear" for n in exported.graph.node) == 1
+    inits = {i.name: numpy_helper.to_array(i) for i in exported.graph.initializer}
+    np.testing.assert_array_equal(next(v for k, v in inits.items() if k.endswith(".int8")), stored.codes)
+    deployed = _run(exported, {"x": x})[0]
+    assert np.linalg.norm(deployed - simulated) / np.linalg.norm(simulated) < 1e-5
+    assert graph.op_types() == open_graph(model).op_types()  # the model itself is untouched
