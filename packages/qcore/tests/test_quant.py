@@ -241,3 +241,16 @@ def test_asymmetric_grid_error_is_at_most_half_the_symmetric_one_on_relu_outputs
     symmetric = np.abs(fake_quantize(x, t, 8) - x).max()
     asymmetric = np.abs(fake_quantize(x - offset, half, 8) + offset - x).max()
     assert asymmetric <= symmetric / 2 + 1e-12
+
+
+def test_unsigned_range_hand_computed():
+    from qcore.quant import unsigned_range
+
+    threshold, offset = unsigned_range(8.0, 5.1, 8)  # seen up to 5.1, clipped at 8: 256 codes over [0, 5.1]
+    step = 5.1 / 255
+    assert threshold == pytest.approx(127 * step) and offset == pytest.approx(128 * step)
+    # Paddle's kernels clip x - offset to [-128, 127] steps: 0 -> -128 (uint8 0), 5.1 -> 127 (uint8 255)
+    codes = np.clip(np.round((np.array([0.0, step, 5.1, 9.0]) - offset) / step), -128, 127)
+    np.testing.assert_array_equal(codes, [-128, -127, 127, 127])
+    assert unsigned_range(2.0, 3.0, 8)[0] == pytest.approx(127 * 2.0 / 255)  # the threshold still clips
+    assert unsigned_range(2.0, 0.0, 8) == (2.0, 0.0)  # all zeros

@@ -108,6 +108,22 @@ def asymmetric_range(threshold: float, lo: float, hi: float, bits: int) -> tuple
     return half, round((a + b) / 2 / step) * step
 
 
+def unsigned_range(threshold: float, hi: float, bits: int) -> tuple[float, float]:
+    """The ``(threshold, offset)`` of the grid for a tensor that is never negative: every code of
+    ``[-qmax - 1, qmax]`` (``2 ** bits`` levels) over ``[0, min(hi, threshold)]``, zero on the lowest code.
+
+    Quantizing ``x - offset`` symmetrically with the returned threshold and clipping to
+    ``[-qmax - 1, qmax]`` (Paddle's kernels, ONNX) puts 0 at code ``-qmax - 1``: the unsigned form
+    runtimes run natively (uint8 with zero point 0), where ONNX Runtime and OpenVINO drop a relu
+    and keep u8 x s8 kernels. Not for :func:`quantize`, which clips at ``-qmax``.
+    """
+    top = min(hi, threshold)
+    if not top > 0:
+        return threshold, 0.0
+    step = top / (2 * qmax(bits) + 1)
+    return qmax(bits) * step, (qmax(bits) + 1) * step
+
+
 def quantize(
     x: ArrayLike, scale: ArrayLike, bits: int, axis: int | None = None, rounding: str = "half_even"
 ) -> NDArray[np.int8] | NDArray[np.int16]:

@@ -95,6 +95,7 @@ class PTQConfig:
     target: DeployTarget = field(init=False)
     budget: Budget | None = field(init=False)
     asymmetric: bool = field(init=False)  # activations on asymmetric grids (qcore.quant.asymmetric_range)
+    grids: str = field(init=False)  # "symmetric", "asymmetric" or "unsigned" (asymmetric for never-negative ones)
 
     @classmethod
     def from_call(cls, arguments: Mapping[str, Any]) -> PTQConfig:
@@ -139,8 +140,9 @@ class PTQConfig:
         symmetric = self.activation_symmetric
         if symmetric not in (None, True, False):
             raise ConfigError(f"activation_symmetric={symmetric!r} is not valid; use True, False or None")
-        # None (the default): the target's default (symmetric except where its int8 fusions need zero points)
-        asymmetric = symmetric is False or (symmetric is None and target.asymmetric_by_default)
+        # None (the default): the target's default grids (symmetric except where its int8 kernels want zero points)
+        grids = {False: "asymmetric", True: "symmetric", None: target.default_grids}[symmetric]
+        asymmetric = grids != "symmetric"
         if asymmetric and not target.asymmetric_activations:
             raise ConfigError(f"activation_symmetric=False: {target.name} runs symmetric activation grids only; "
                               "use deploy_backend='openvino' or 'native', or leave activation_symmetric unset")
@@ -154,6 +156,7 @@ class PTQConfig:
             "target": target,
             "budget": budget,
             "asymmetric": asymmetric,
+            "grids": grids,
         }
         for name, value in derived.items():
             object.__setattr__(self, name, value)

@@ -27,7 +27,7 @@ from qcore.graph import Graph, open_graph
 from qcore.graph.replay import LayerReplay, replayable
 from qcore.model_io import ModelFiles, check_model_output, load_model
 from qcore.outputs import write_bytes
-from qcore.quant import asymmetric_range
+from qcore.quant import asymmetric_range, unsigned_range
 from qcore.thresholds import thresholds_all_algos
 
 from .adaround import AdaRounded, adaround
@@ -299,10 +299,15 @@ class PostTrainingQuantization:
 
     def _grid(self, calibration: Calibration, name: str, threshold: float) -> tuple[float, float]:
         """The ``(threshold, offset)`` activation ``name`` deploys with: symmetric, or the asymmetric
-        grid over the range calibration saw (:func:`qcore.quant.asymmetric_range`)."""
+        grid over the range calibration saw (:func:`qcore.quant.asymmetric_range`; with ``grids="unsigned"``
+        only for a tensor calibration never saw negative)."""
         if not self.asymmetric:
             return threshold, 0.0
         seen = calibration.observers[name]
+        if seen.min >= 0 and self.target.zero_on_grid:  # zero on the lowest code: ONNX's uint8 zero point 0
+            return unsigned_range(threshold, seen.max, self.activation_bits)
+        if self.grids == "unsigned":
+            return threshold, 0.0
         lo, hi = (min(seen.min, 0.0), max(seen.max, 0.0)) if self.target.zero_on_grid else (seen.min, seen.max)
         return asymmetric_range(threshold, lo, hi, self.activation_bits)
 

@@ -116,10 +116,13 @@ class DeployTarget(ABC):
     kernel_bits: ClassVar[tuple[int, int] | None] = (8, 8)
     #: runs activations shifted onto asymmetric grids (:func:`qcore.quant.asymmetric_range`) as simulated
     asymmetric_activations: ClassVar[bool] = False
-    #: asymmetric grids when the caller does not choose (``activation_symmetric=None``)
-    asymmetric_by_default: ClassVar[bool] = False
+    #: activation grids when the caller does not choose (``activation_symmetric=None``): "symmetric",
+    #: "asymmetric" (:func:`qcore.quant.asymmetric_range` for every activation) or "unsigned" (asymmetric only
+    #: for never-negative tensors: relu outputs on all codes of ``[0, max]``, zero point at the lowest code)
+    default_grids: ClassVar[str] = "symmetric"
     #: asymmetric grids must hold zero (ONNX's zero point is a code of the type: a tensor that never reaches 0,
-    #: such as a sigmoid's output, gets a grid stretched down to 0)
+    #: such as a sigmoid's output, gets a grid stretched down to 0); never-negative tensors get zero on the
+    #: lowest code (:func:`qcore.quant.unsigned_range`: uint8 zero point 0)
     zero_on_grid: ClassVar[bool] = False
     #: reads the ``ZeroPoint`` of activation QDQ pairs (asymmetric grids deploy as zero points, not shifts)
     activation_zero_points: ClassVar[bool] = False
