@@ -24,6 +24,7 @@ evaluation inputs are disjoint. Run:
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import re
 import sys
@@ -255,6 +256,7 @@ def main() -> None:
     rows, notes = [], []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        os.chdir(work)  # ONNX Runtime's quant_pre_process and NNCF leave temporary files in the working directory
         for key in args.models.split(","):
             if key in ("rec", "cls", "det", "minilm"):
                 model = ocr_model(key) if key != "minilm" else minilm_model(work)

@@ -302,3 +302,14 @@ def test_openvino_keeps_a_conv_scaled_by_another_activation_float(tmp_path, monk
     report, error = deployed_error("no_rule")
     assert not any("left_float" in layer for layer in report["layers"])
     assert error > 0.01
+
+
+def test_the_openvino_runtime_keeps_the_same_excited_conv_float(tmp_path):
+    """The rule found on the bundled engine holds on the openvino package too (PP-OCRv4 det: IoU 0 without it)."""
+    _, x = _save_float(Excited, tmp_path)
+    report = _quantize(tmp_path, "runtime", x, deploy_backend="openvino-runtime")
+    reasons = [layer.get("left_float", "") for layer in report["layers"] if layer["op"] == "conv2d"]
+    assert sum("squeeze-excite" in r for r in reasons) == 1 and reasons.count("") == 3
+    files = find_model_files(tmp_path / "runtime")
+    deployed = run_predictor(create_predictor(files, backend="openvino-runtime"), {"x": x})[0]
+    assert _error(deployed, load_model(files).run({"x": x})[0]) < 2e-2  # OpenVINO's bf16 float layers included
