@@ -154,11 +154,13 @@ def test_the_openvino_runtime_reads_legacy_programs_itself_and_pir_through_onnx(
     directory, x, net = float_model
     monkeypatch.setenv("QCORE_OPENVINO_PRECISION", "f32")  # the float layers in bf16 (this CPU's default) add ~1 %
     out = tmp_path / "ov"
-    quant_post_static(None, directory / "float", out, sample_generator=lambda: iter(x), batch_size=8,
+    report = quant_post_static(None, directory / "float", out, sample_generator=lambda: iter(x), batch_size=8,
                       algo="abs_max", quantizable_op_type=OP_TYPES, optimize_model=True,
                       deploy_backend="openvino-runtime", save_model_filename=None, save_params_filename=None)
     legacy = net.transposed  # the legacy fixture has the transposed conv
     assert (out / ONNX_FILE).exists() != legacy  # legacy: OpenVINO's Paddle frontend reads inference.pdmodel
+    transposed = [layer for layer in report["layers"] if layer["op"] == "conv2d_transpose"]
+    assert len(transposed) == legacy and not any("left_float" in layer for layer in transposed)  # int8 there
     predictor = create_predictor(out, backend="openvino-runtime")
     assert predictor.onnx_file.suffix == (".pdmodel" if legacy else ".onnx")
     simulated = load_model(out).run({"x": x})[0]

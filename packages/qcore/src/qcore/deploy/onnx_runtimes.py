@@ -31,6 +31,11 @@ ONNX_FILE = "inference.onnx"
 ONNX_INT8_OPS = frozenset({"conv2d", "depthwise_conv2d", "mul", "matmul", "matmul_v2", "elementwise_add", "pool2d"})
 
 
+#: Why a transposed conv stays float in a model run through the ONNX export.
+TRANSPOSED_CONV_PROBLEM = ("paddle2onnx 2.1 replaces a transposed conv's input and weight by auto-cast copies "
+                           "(measured), so the export cannot place their QDQ")
+
+
 class OnnxPredictor:
     """An ONNX model loaded in a runtime: ``run(feed)`` returns every output in order."""
 
@@ -51,10 +56,7 @@ class OnnxTarget(DeployTarget):
     """A runtime reading the exported ONNX file. Subclasses say how to load it."""
 
     int8_ops = ONNX_INT8_OPS
-    float_ops = {
-        "conv2d_transpose": "paddle2onnx 2.1 replaces a transposed conv's input and weight by auto-cast copies "
-                            "(measured), so the export cannot place their QDQ",
-    }
+    float_ops = {"conv2d_transpose": TRANSPOSED_CONV_PROBLEM}
     int8_families = ("legacy", "pir")  # both reach the runtime through the export
     residual_adds = "both"
     cpu_int8 = True
