@@ -8,6 +8,7 @@ into int8 kernels. :class:`OnnxPredictor` gives both the run-by-feed interface
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -111,10 +112,10 @@ class OnnxTarget(DeployTarget):
         return self.load(export_onnx(files, onnx_file, activation_type=self.activation_type,
                                      dynamic=self.dynamic_matmuls), threads)
 
+    @abstractmethod
     def load(self, onnx_file: Path, threads: int) -> OnnxPredictor:
         """The runtime's predictor for ``onnx_file`` (or a ``.pdmodel`` of :attr:`reads_paddle`) on ``threads``
         CPU threads."""
-        raise NotImplementedError
 
     def describe(self) -> dict[str, Any]:
         """Facts a report records about the runtime (version, precision)."""
