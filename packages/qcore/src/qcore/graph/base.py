@@ -479,6 +479,11 @@ class Graph(ABC):
 
     _CAST: str  # the backend's cast op type
 
+    def _float_param_name(self, codes_name: str) -> str:
+        """A new name for the float parameter that stands for integer codes ``codes_name`` (``w.quantized``)."""
+        base = codes_name[: -len(".quantized")] if codes_name.endswith(".quantized") else codes_name
+        return self._new_param_name(f"{base}.float")
+
     @abstractmethod
     def _unquantize(self) -> tuple[list[tuple[Any, ActivationGrid]], list[StoredWeight]]:
         """Replace QDQ pairs by marker casts and stored weights by float ones; the markers' raw ops."""

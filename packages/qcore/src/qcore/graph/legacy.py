@@ -374,8 +374,7 @@ class LegacyGraph(Graph):
         axis = None if axis < 0 or steps.size == 1 else axis
         steps = np.asarray(steps, np.float32)
         value = dequantize(codes, steps if axis is not None else float(steps[0]), axis).astype(np.float32)
-        base = codes_name[: -len(".quantized")] if codes_name.endswith(".quantized") else codes_name
-        name = self._add_param(self._new_param_name(f"{base}.float"), value)
+        name = self._add_param(self._float_param_name(codes_name), value)
         out = chain[-1].output_arg_names[0]
         for reader in self.block.ops:
             if out in reader.input_arg_names:

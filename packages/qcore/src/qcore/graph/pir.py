@@ -201,11 +201,7 @@ class PirGraph(Graph):
             if per_row:
                 scale = paddle._C_ops.embedding(ids, scale, padding_idx, False)
             value = paddle._C_ops.multiply(value, scale)
-        old = op.raw.result(0)
-        old.replace_all_uses_with(value)
-        self.model.fetch_targets = [value if t.is_same(old) else t for t in self.model.fetch_targets]
-        self.block.remove_op(op.raw)
-        self._drop_if_unused(weight.value)
+        self._replace_result(op.raw, value)
 
     def _single_user(self, value: Any) -> Any | None:
         users = value.all_used_ops()
@@ -298,17 +294,17 @@ class PirGraph(Graph):
         for op in [o for o in self.block.ops if o.name() == _ACT_QDQ]:
             top = qmax(int(op.attrs()["bit_length"]))
             step = float(self.get_param(self._param_name(op.operand_source(1))).ravel()[0]) / top
-            source, shifts = op.operand_source(0), self._shifts(op)
-            if shifts is not None:
-                source = shifts[0].operand_source(0)
+            shifts = self._shifts(op)
             with self._inserting_before(op):
-                marker = paddle._C_ops.cast(source, paddle.float32)
-            offset = float(shifts[1].attrs()["bias"]) if shifts is not None else 0.0
+                marker = paddle._C_ops.cast((shifts[0] if shifts else op).operand_source(0), paddle.float32)
+            offset = 0.0
             if shifts is not None:  # x - offset -> QDQ -> + offset: the grid's zero point is -offset / step
+                offset = float(shifts[1].attrs()["bias"])
                 self._replace_result(shifts[1], marker)
-            self._replace_result(op, marker)
-            if shifts is not None:
+                self._replace_result(op, marker)
                 self.block.remove_op(shifts[0])
+            else:
+                self._replace_result(op, marker)
             markers.append((marker.get_defining_op(), ActivationGrid(step, -round(offset / step), -top - 1, top)))
         for name in [n for n in self.param_names() if self.get_param(n).dtype.kind == "i"]:
             weights.extend(self._float_weight(self._param_value(name).get_defining_op()))
@@ -356,8 +352,7 @@ class PirGraph(Graph):
         steps = self.get_param(self._param_name(multiply.operand_source(1)))
         axis = next((i for i, n in enumerate(steps.shape) if n > 1), None)
         value = (codes * steps).astype(np.float32)
-        base = codes_name[: -len(".quantized")] if codes_name.endswith(".quantized") else codes_name
-        name = self._new_param_name(f"{base}.float")
+        name = self._float_param_name(codes_name)
         self._replace_result(multiply, self._add_param(name, value, multiply))
         self.block.remove_op(cast)
         self._drop_if_unused(param.result(0))
