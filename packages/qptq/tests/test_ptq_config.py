@@ -51,7 +51,7 @@ def test_config_is_built_once_frozen_and_normalized(tiny_model, tiny_input):
                                    algo="direct", deploy_backend="mkldnn", is_full_quantize=True,
                                    skip_tensor_list=["x"])
     config = ptq.config
-    assert (config.algo, config.deploy_backend, config.target.name) == ("abs_max", "onednn", "onednn")
+    assert (config.algo, config.deploy_backend, config.deployment.target.name) == ("abs_max", "onednn", "onednn")
     assert config.op_types == QuantConfig(is_full_quantize=True).effective_op_types  # one rule for both
     assert config.skip_tensors == frozenset({"x"}) and ptq.algo == "abs_max"  # settings read as attributes
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -25,7 +25,7 @@ from typing import Union
 import numpy as np
 from paddle import inference
 
-from .deploy import DeployTarget, OnnxPredictor, OnnxTarget, get_target
+from .deploy import DeployTarget, OnnxPredictor, get_target
 from .deploy.base import marked_backend
 from .errors import ConfigError
 from .model_io import Model, ModelFiles, find_model_files, load_model
@@ -57,14 +57,13 @@ def create_predictor(
     reads its family itself (the OpenVINO runtime reads legacy programs).
     """
     target = get_target("native" if not onednn else backend)
-    onnx_file = Path(files) if not isinstance(files, ModelFiles) and str(files).endswith(".onnx") else None
-    if isinstance(target, OnnxTarget):
-        return target.predictor(onnx_file or (files if isinstance(files, ModelFiles) else find_model_files(files)),
-                                threads)
-    if onnx_file is not None:
-        raise ConfigError(f"{onnx_file} is an ONNX file; run it with backend='onnxruntime' or 'openvino-runtime'")
     if not isinstance(files, ModelFiles):
-        files = find_model_files(files)
+        files = Path(files) if str(files).endswith(".onnx") else find_model_files(files)
+    own = target.own_predictor(files, threads)
+    if own is not None:
+        return own
+    if isinstance(files, Path):
+        raise ConfigError(f"{files} is an ONNX file; run it with backend='onnxruntime' or 'openvino-runtime'")
     if not int8:
         target = target.float_kernels()
     reason = target.unavailable() or target.accepts(files.model_file)

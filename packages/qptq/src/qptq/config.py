@@ -25,9 +25,7 @@ from qcore.config import (
     validate_names,
 )
 from qcore.constants import ACTIVATION_QUANTIZE_TYPES, WEIGHT_QUANTIZE_TYPES
-from qcore.deploy import get_target
-from qcore.deploy.base import DeployTarget
-from qcore.deploy.onednn import OneDnnTarget
+from qcore.deploy import Deployment
 from qcore.errors import ConfigError
 from qcore.model_io import Model, ModelFiles
 from qcore.thresholds import LAYERWISE_ALGOS, canonical_algo
@@ -92,9 +90,8 @@ class PTQConfig:
     per_channel: bool = field(init=False)
     skip_tensors: frozenset[str] = field(init=False)
     cache_file: Path | None = field(init=False)  # observer checkpoint when is_use_cache_file
-    target: DeployTarget = field(init=False)
+    deployment: Deployment = field(init=False)  # the one door to the target (qcore.deploy.session)
     budget: Budget | None = field(init=False)
-    asymmetric: bool = field(init=False)  # activations on asymmetric grids (qcore.quant.asymmetric_range)
     grids: str = field(init=False)  # "symmetric", "asymmetric" or "unsigned" (asymmetric for never-negative ones)
 
     @classmethod
@@ -117,9 +114,10 @@ class PTQConfig:
         check_paddleslim_keywords(self.onnx_format, self.round_type)
         budget = Budget.from_options(self.eval_function, self.max_metric_drop, self.max_output_error,
                                      self.max_float_layers, self.max_evaluations, self.measure_candidate)
-        target = get_target(self.deploy_backend)
-        if isinstance(target, OneDnnTarget) and not self.onednn_fallback:
-            target = OneDnnTarget(fallback=False)
+        weight_bits = validate_bits("weight_bits", self.weight_bits, 2, 16)
+        activation_bits = validate_bits("activation_bits", self.activation_bits, 2, 16)
+        deployment = Deployment(self.deploy_backend, weight_bits=weight_bits, activation_bits=activation_bits,
+                                fallback=self.onednn_fallback)
         ignored = []
         if self.scope is not None:
             ignored.append("scope (each loaded model has its own scope)")
@@ -132,20 +130,13 @@ class PTQConfig:
         normalized = {
             "quantizable_op_type": op_names,
             "skip_patterns": tuple(self.skip_patterns),
-            "deploy_backend": None if self.deploy_backend is None else target.name,
-            "weight_bits": validate_bits("weight_bits", self.weight_bits, 2, 16),
-            "activation_bits": validate_bits("activation_bits", self.activation_bits, 2, 16),
+            "deploy_backend": deployment.name,
+            "weight_bits": weight_bits,
+            "activation_bits": activation_bits,
             "algo": canonical_algo(self.algo, extra=LAYERWISE_ALGOS),
         }
-        symmetric = self.activation_symmetric
-        if symmetric not in (None, True, False):
-            raise ConfigError(f"activation_symmetric={symmetric!r} is not valid; use True, False or None")
         # None (the default): the target's default grids (symmetric except where its int8 kernels want zero points)
-        grids = {False: "asymmetric", True: "symmetric", None: target.default_grids}[symmetric]
-        asymmetric = grids != "symmetric"
-        if asymmetric and not target.asymmetric_activations:
-            raise ConfigError(f"activation_symmetric=False: {target.name} runs symmetric activation grids only; "
-                              "use deploy_backend='openvino' or 'native', or leave activation_symmetric unset")
+        grids = deployment.grids(self.activation_symmetric)
         for name, value in normalized.items():
             object.__setattr__(self, name, value)
         derived = {
@@ -153,9 +144,8 @@ class PTQConfig:
             "per_channel": self.weight_quantize_type == "channel_wise_abs_max",
             "skip_tensors": frozenset(self.skip_tensor_list or ()),
             "cache_file": Path(self.cache_dir) / "observers.json" if self.is_use_cache_file else None,
-            "target": target,
+            "deployment": deployment,
             "budget": budget,
-            "asymmetric": asymmetric,
             "grids": grids,
         }
         for name, value in derived.items():
@@ -163,12 +153,7 @@ class PTQConfig:
 
     def check_model(self, model: Model) -> None:
         """Refuse a model ``deploy_backend`` cannot run, or bit widths its target cannot run for its family."""
-        reason = self.target.accepts(model.source.model_file if model.source else "")
-        if self.deploy_backend is not None and reason is not None:
-            raise ConfigError(f"deploy_backend={self.deploy_backend!r}: {reason}")
-        problem = self.target.bits_problem(self.weight_bits, self.activation_bits, model.family)
-        if problem is not None:
-            raise ConfigError(f"weight_bits={self.weight_bits}, activation_bits={self.activation_bits}: {problem}")
+        self.deployment.check(str(model.source.model_file) if model.source else "", model.family)
 
     def batches(self, model: Model) -> Iterator[dict[str, np.ndarray]]:
         """The calibration batches as ``model``'s feed dicts (a new pass over the data each call)."""

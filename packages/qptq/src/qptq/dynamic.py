@@ -14,7 +14,7 @@ from pathlib import Path
 
 from qcore.config import validate_choice, validate_names
 from qcore.constants import WEIGHT_QUANTIZE_TYPES
-from qcore.deploy import get_target
+from qcore.deploy import Deployment
 from qcore.errors import ConfigError
 from qcore.graph import open_graph
 from qcore.model_io import ModelFiles, check_model_output, load_model
@@ -49,7 +49,7 @@ def quant_post_dynamic(
     are handled: the default (oneDNN's rules) keeps a legacy ``conv2d_transpose`` float, ``"openvino"``
     stores it int8 read through cast -> multiply.
     """
-    target = get_target(deploy_backend)
+    deployment = Deployment(deploy_backend)
     if isinstance(weight_bits, bool) or not isinstance(weight_bits, int) or weight_bits not in (8, 16):
         raise ConfigError(
             f"weight_bits={weight_bits!r} is not supported; quant_post_dynamic stores int8 or int16: use 8 or 16"
@@ -67,15 +67,16 @@ def quant_post_dynamic(
         weight = graph.weight_operand(op)
         if weight is None:
             continue
-        if graph.family in target.int8_families and op.seed_type in target.float_ops:
-            log.warning("%r left in float: %s: %s", op, target.name, target.float_ops[op.seed_type])
+        problem = deployment.weight_only_problem(graph, op)
+        if problem is not None:
+            log.warning("%r left in float: %s", op, problem)
             continue
         axis = graph.weight_channel_axis(op) if per_channel else None
-        cast = op.seed_type in target.float_dequant_weights
+        cast = deployment.reads_weight_through_cast(op)
         stored = graph.quantize_weight(weight, weight_bits, axis, float_dequant=cast)
         if test_graph is not None:
             test_graph.replace_weight(test_graph.weight_operand(twin), stored.dequantized(), "fake_quantized")
-    files = graph.save(save_model_dir, *names, extra_files=target.companion_files(graph.model))
+    files = deployment.save(graph, save_model_dir, *names)
     if test_graph is not None:
         test_graph.save(Path(save_model_dir) / "test_model", *names)
     return files

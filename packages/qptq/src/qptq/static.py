@@ -19,15 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from qcore.deploy import OpTarget, find_targets
-from qcore.deploy.apply import RUNS_FLOAT_NOTE, Applied, Planned, apply_rules
-from qcore.deploy.base import mark_model
+from qcore.deploy import OpTarget, Targets
+from qcore.deploy.apply import RUNS_FLOAT_NOTE, Applied, Planned
 from qcore.distributed import on_rank0
 from qcore.graph import Graph, open_graph
 from qcore.graph.replay import LayerReplay, replayable
 from qcore.model_io import ModelFiles, check_model_output, load_model
 from qcore.outputs import write_bytes
-from qcore.quant import asymmetric_range, unsigned_range
 from qcore.thresholds import thresholds_all_algos
 
 from .adaround import AdaRounded, adaround
@@ -122,7 +120,7 @@ class PostTrainingQuantization:
         self._rounded: dict[int, AdaRounded] = {}
 
     def __getattr__(self, name: str) -> Any:
-        """A setting of :attr:`config` (``ptq.algo``, ``ptq.weight_bits``, ``ptq.target``, ...)."""
+        """A setting of :attr:`config` (``ptq.algo``, ``ptq.weight_bits``, ``ptq.deployment``, ...)."""
         if name == "config":  # not set yet: no recursion
             raise AttributeError(name)
         return getattr(self.config, name)
@@ -133,7 +131,8 @@ class PostTrainingQuantization:
         graph = open_graph(self.model)
         if self.optimize_model:
             graph.fold_conv_bn()
-        targets, float_inputs = self._planned_targets(graph)
+        planned = self._planned_targets(graph)
+        targets = planned.ops
         means = input_means(targets) if self.bias_correction else {}
         layerwise = self.algo == AUTO or self.round_type == "adaround"
         calibration = calibrate_sharded(self, graph, targets, self.config.batches(self.model), enabled=self.distributed,
@@ -154,34 +153,23 @@ class PostTrainingQuantization:
         budget_report = None
         if self.budget is not None:
             kept, budget_report = self._meet_budget(graph, targets, candidates, calibration)
-        self.report = self._rewrite(graph, targets, float_inputs, candidates, calibration, kept)
+        self.report = self._rewrite(graph, planned, candidates, calibration, kept)
         if budget_report is not None:
             self.report["budget"] = budget_report
         self.report["calibration_seconds"] = round(time.perf_counter() - start, 3)
         self.graph = graph
         return graph.model.program
 
-    def _targets(self, graph: Graph) -> list[OpTarget]:
-        """The ops of ``quantizable_op_type`` not skipped by pattern or by ``skip_tensor_list``."""
-        found = []
-        for target in find_targets(graph, self.op_types, self.skip_patterns):
-            if target.weight is not None and target.weight.name in self.skip_tensors:
-                continue
-            target.activations = [a for a in target.activations if a.name not in self.skip_tensors]
-            found.append(target)
-        return found
-
-    def _planned_targets(self, graph: Graph) -> tuple[list[OpTarget], set[str]]:
-        """The ops to quantize (:meth:`_targets` plus what the deployment target adds) and the
-        activations whose readers must stay float; the same order on every clone of one graph."""
-        targets = self._targets(graph)
+    def _planned_targets(self, graph: Graph) -> Targets:
+        """The ops of ``quantizable_op_type`` not skipped (by pattern or ``skip_tensor_list``) plus what the
+        deployment target adds, and the activations whose readers stay float; the same order on every clone."""
         joins = self.residual_add and "elementwise_add" not in self.op_types  # else they are ordinary targets
-        extra, float_inputs = self.target.plan(graph, targets, self.skip_patterns, residual_add=joins)
-        return targets + extra, float_inputs
+        return self.deployment.targets(graph, self.op_types, self.skip_patterns, self.skip_tensors,
+                                       residual_add=joins)
 
     def _adaround(self, graph: Graph, targets: list[OpTarget], calibration: Calibration) -> dict[int, AdaRounded]:
         """AdaRound's weight for every replayable weighted target, by position in ``targets``."""
-        max_code = self.target.weight_max_code(self.weight_bits, graph.family)
+        max_code = self.deployment.weight_max_code(graph.family)
         rounded = {}
         for i, target in enumerate(targets):
             if target.weight is None or not target.activations or not replayable(graph, target.op):
@@ -208,9 +196,8 @@ class PostTrainingQuantization:
 
         def candidate(float_layers: Iterable[int]) -> Graph:
             clone = graph.clone()
-            clone_targets, clone_float_inputs = self._planned_targets(clone)
             keep = {i: "accuracy budget: candidate" for i in float_layers}
-            self._rewrite(clone, clone_targets, clone_float_inputs, candidates, calibration, keep)
+            self._rewrite(clone, self._planned_targets(clone), candidates, calibration, keep)
             return clone
 
         alone = {i: output_error(run_batches(candidate(set(layers) - {i}), batches), reference) for i in layers}
@@ -254,8 +241,7 @@ class PostTrainingQuantization:
     def _rewrite(
         self,
         graph: Graph,
-        targets: list[OpTarget],
-        float_inputs: set[str],
+        targets: Targets,
         candidates: dict[str, dict[str, float]],
         calibration: Calibration,
         keep_float: Mapping[int, str] | None = None,
@@ -263,11 +249,7 @@ class PostTrainingQuantization:
         """Quantize ``targets`` except those ``keep_float`` names (by position, with the reason)."""
         keep_float = keep_float or {}
         chosen = {name: algos[self.algo] for name, algos in candidates.items()}
-        rules = self.target.rules(graph, targets, float_inputs)
-        shared = rules.thresholds(chosen)  # oneDNN shares scales along some chains
-        grids = {name: self._grid(calibration, name, threshold) for name, threshold in shared.items()}
-        deployed = {name: grid[0] for name, grid in grids.items()}
-        offsets = {name: grid[1] for name, grid in grids.items()}
+        grids: dict[str, tuple[float, float]] = {}
 
         def per_operand(values: dict[str, float], target: OpTarget) -> list[float]:
             """By position among the op's activation operands (PIR names shift as ops are inserted, positions
@@ -275,41 +257,39 @@ class PostTrainingQuantization:
             wanted = {a.name for a in target.activations}
             return [values[a.name] if a.name in wanted else 0.0 for a in graph.activation_operands(target.op)]
 
-        planned = [
-            Planned(t, per_operand(deployed, t), act_offsets=per_operand(offsets, t) if self.asymmetric else None,
-                    per_channel=self.per_channel, keep_float=keep_float.get(i),
-                    weight_thresholds=self._rounded[i].thresholds if i in self._rounded else None,
-                    weight_value=self._rounded[i].weight if i in self._rounded else None)
-            for i, t in enumerate(targets)
-        ]  # fmt: skip
-        applied = apply_rules(graph, rules, planned, weight_bits=self.weight_bits, activation_bits=self.activation_bits)
-        if self.deploy_backend is not None:
-            mark_model(graph, self.target)
-        layers = [self._layer_report(graph, a, candidates, chosen, shared, grids, rules.unsigned, calibration)
-                  for a in applied]
+        def plan(shared: Mapping[str, float]) -> list[Planned]:
+            """Each op with the thresholds the target runs (oneDNN shares scales along some chains) on our grids."""
+            grids.update((name, self._grid(calibration, name, threshold)) for name, threshold in shared.items())
+            deployed = {name: grid[0] for name, grid in grids.items()}
+            offsets = {name: grid[1] for name, grid in grids.items()}
+            return [
+                Planned(t, per_operand(deployed, t), per_channel=self.per_channel, keep_float=keep_float.get(i),
+                        act_offsets=per_operand(offsets, t) if self.grids != "symmetric" else None,
+                        weight_thresholds=self._rounded[i].thresholds if i in self._rounded else None,
+                        weight_value=self._rounded[i].weight if i in self._rounded else None)
+                for i, t in enumerate(targets.ops)
+            ]  # fmt: skip
+
+        done = self.deployment.rewrite(graph, targets, chosen, plan)
+        layers = [self._layer_report(graph, a, candidates, chosen, done.thresholds, grids, done.unsigned, calibration)
+                  for a in done.applied]
         for i, rounded in self._rounded.items():
             if "weight" in layers[i]:
                 layers[i]["weight"]["adaround"] = {
                     "used": rounded.used, "loss_nearest": round(rounded.loss_nearest, 6),
                     "loss_adaround": round(rounded.loss_adaround, 6), "flipped": round(rounded.flipped, 4)}
-        return {"algo": self.algo, "deploy_backend": self.target.name if self.deploy_backend else None,
-                "weight_max_code": self.target.weight_max_code(self.weight_bits, graph.family),
+        return {"algo": self.algo, "deploy_backend": self.deployment.name,
+                "weight_max_code": self.deployment.weight_max_code(graph.family),
                 "batches": calibration.batches, "samples": calibration.samples, "layers": layers,
-                **rules.rewrites}
+                **done.rewrites}
 
     def _grid(self, calibration: Calibration, name: str, threshold: float) -> tuple[float, float]:
-        """The ``(threshold, offset)`` activation ``name`` deploys with: symmetric, or the asymmetric
-        grid over the range calibration saw (:func:`qcore.quant.asymmetric_range`; with ``grids="unsigned"``
-        only for a tensor calibration never saw negative)."""
-        if not self.asymmetric:
+        """The ``(threshold, offset)`` activation ``name`` deploys with (:meth:`Deployment.activation_grid`);
+        symmetric grids need no calibrated range (oneDNN's shared scales reach tensors not calibrated)."""
+        if self.grids == "symmetric":
             return threshold, 0.0
         seen = calibration.observers[name]
-        if seen.min >= 0 and self.target.zero_on_grid:  # zero on the lowest code: ONNX's uint8 zero point 0
-            return unsigned_range(threshold, seen.max, self.activation_bits)
-        if self.grids == "unsigned":
-            return threshold, 0.0
-        lo, hi = (min(seen.min, 0.0), max(seen.max, 0.0)) if self.target.zero_on_grid else (seen.min, seen.max)
-        return asymmetric_range(threshold, lo, hi, self.activation_bits)
+        return self.deployment.activation_grid(self.grids, threshold, seen.min, seen.max)
 
     def _layer_report(self, graph: Graph, applied: Applied, candidates: dict[str, dict[str, float]],
                       chosen: dict[str, float], shared: dict[str, float], grids: dict[str, tuple[float, float]],
@@ -368,7 +348,7 @@ class PostTrainingQuantization:
         graph, names = self.graph, output_names(self.model.family, model_filename, params_filename)
 
         def write() -> ModelFiles:  # on rank 0 only under paddle.distributed; the other ranks wait for it
-            files = graph.save(save_model_path, *names, extra_files=self.target.companion_files(graph.model))
+            files = self.deployment.save(graph, save_model_path, *names)
             if self.cache_file is not None and self.cache_file.exists():
                 self.cache_file.unlink()
             return files

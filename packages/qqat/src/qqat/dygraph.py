@@ -29,9 +29,8 @@ from paddle import nn
 
 from qcore.config import QuantConfig
 from qcore.constants import TRANSFORM_PASS_OP_TYPES
-from qcore.deploy import DeployTarget, OpTarget, get_target
-from qcore.deploy.apply import Planned, apply_rules
-from qcore.deploy.base import mark_model
+from qcore.deploy import Deployment, OpTarget
+from qcore.deploy.apply import Planned
 from qcore.distributed import active, all_gather, check_same, digest_files, on_rank0
 from qcore.errors import ConfigError, QuantError
 from qcore.graph import Graph, OpRef, open_graph
@@ -120,19 +119,12 @@ class QAT:
         """
         if isinstance(model, paddle.DataParallel):
             model = model._layers
-        target = get_target(deploy_backend)
+        deployment = Deployment(deploy_backend, weight_bits=self.config.weight_bits,
+                                activation_bits=self.config.activation_bits)
         if family not in FAMILIES:
             raise ConfigError(f"family={family!r} is not valid; valid choices: 'pir', 'legacy'")
-        reason = target.accepts(Path(path).name + (".json" if family == "pir" else ".pdmodel"))
-        if deploy_backend is not None and reason is not None:
-            raise ConfigError(
-                f"deploy_backend={deploy_backend!r} with family={family!r}: {reason}; pass family='legacy'"
-            )
-        problem = target.bits_problem(self.config.weight_bits, self.config.activation_bits, family)
-        if problem is not None:
-            raise ConfigError(
-                f"weight_bits={self.config.weight_bits}, activation_bits={self.config.activation_bits}: {problem}"
-            )
+        deployment.check(Path(path).name + (".json" if family == "pir" else ".pdmodel"), family,
+                         fix=f" (family={family!r}); pass family='legacy'")
         wrapped = quanted_layers(model)
         if not wrapped:
             raise QuantError("the model has no quantized layer; call QAT(config).quantize(model) and train first")
@@ -151,31 +143,26 @@ class QAT:
             targets = _match_ops(graph, wrapped)
             if fold:
                 graph.fold_conv_bn()
-            self.left_float = self._quantize_ops(graph, targets, fold, target)
-            if deploy_backend is not None:
-                mark_model(graph, target)
+            self.left_float = self._quantize_ops(graph, targets, fold, deployment)
             if active(self.distributed):
                 _compare_exports(graph, Path(tmp) / "compare", names)
-            extra = target.companion_files(graph.model)
-            return on_rank0(lambda: graph.save(prefix.parent, *names, extra_files=extra),
+            return on_rank0(lambda: deployment.save(graph, prefix.parent, *names),
                             f"the quantized model to {prefix}", enabled=self.distributed)
 
     def _quantize_ops(
-        self, graph: Graph, targets: list[tuple[QuantedLayer, OpRef]], fold: bool, target: DeployTarget
+        self, graph: Graph, targets: list[tuple[QuantedLayer, OpRef]], fold: bool, deployment: Deployment
     ) -> dict[str, str]:
-        """Rewrite each matched op with its layer's learned scales through ``target``'s rules
-        (:func:`qcore.deploy.apply.apply_rules`, as post-training quantization does); returns the
+        """Rewrite each matched op with its layer's learned scales through the deployment target's rules
+        (:meth:`qcore.deploy.Deployment.rewrite`, as post-training quantization does); returns the
         weights left float, with the rule that kept each."""
         ops = [OpTarget(op, graph.weight_operand(op), graph.activation_operands(op)) for _, op in targets]
-        _, float_inputs = target.plan(graph, ops, calibrated=False)
         planned = [
             Planned(op_target, layer.activation_threshold(), per_channel=layer.per_channel,
                     weight_thresholds=None if fold else layer.weight_thresholds())
             for (layer, _), op_target in zip(targets, ops)
         ]  # fmt: skip
-        applied = apply_rules(graph, target.rules(graph, ops, float_inputs), planned,
-                              weight_bits=self.config.weight_bits, activation_bits=self.config.activation_bits)
-        return {layer.layer.weight.name: a.left_float for (layer, _), a in zip(targets, applied) if a.left_float}
+        done = deployment.rewrite(graph, deployment.plan(graph, ops, calibrated=False), {}, lambda _: planned)
+        return {layer.layer.weight.name: a.left_float for (layer, _), a in zip(targets, done.applied) if a.left_float}
 
 
 def _compare_exports(graph: Graph, scratch: Path, names: tuple[str, str]) -> None:

@@ -34,7 +34,7 @@ import numpy as np
 import paddle
 
 from qcore.config import QuantConfig
-from qcore.deploy import get_target
+from qcore.deploy import Deployment
 from qcore.errors import GraphError, QuantError
 from qcore.graph import Graph, Operand, OpRef, open_graph
 from qcore.model_io import Model
@@ -218,10 +218,10 @@ def convert(
     keyword, see :mod:`qcore.deploy`) is validated; the program is PIR, which only ``tensorrt`` runs with
     int8 kernels (not run here), so for the CPU backends it warns that the result runs float kernels there.
     """
-    target = get_target(deploy_backend)
-    if deploy_backend is not None and "pir" not in target.int8_families:
-        log.warning("convert: %s runs PIR programs with float kernels (Paddle 3.3.1); for int8 speed on it "
-                    "export a legacy model (QAT.save_quantized_model(..., family='legacy'))", target.name)
+    float_kernels = Deployment(deploy_backend).float_kernels_problem("pir")
+    if deploy_backend is not None and float_kernels is not None:
+        log.warning("convert: %s; for int8 speed on it export a legacy model (QAT.save_quantized_model(..., "
+                    "family='legacy'))", float_kernels)
     _check_program(program, "convert")
     cfg = static_config(config)
     scope = scope or paddle.static.global_scope()

@@ -189,6 +189,11 @@ class DeployTarget(ABC):
         """Why this runtime cannot run on this machine / Paddle build, or None."""
         return None
 
+    def own_predictor(self, files: Any, threads: int) -> Any | None:
+        """A predictor from the runtime's own API for ``files`` (:class:`~qcore.model_io.ModelFiles` or an
+        ``.onnx`` path), or None where it runs in ``paddle.inference`` (:meth:`configure`)."""
+        return None
+
     @abstractmethod
     def configure(self, config: inference.Config, threads: int) -> None:
         """Set up a ``paddle.inference`` config for this runtime."""
@@ -196,6 +201,11 @@ class DeployTarget(ABC):
     def float_kernels(self) -> DeployTarget:
         """This runtime with its int8 kernels switched off (the float baseline to compare with); the target
         itself where nothing switches them."""
+        return self
+
+    def without_fallback(self) -> DeployTarget:
+        """This runtime without graph-dependent fallbacks (``onednn_fallback=False``); the target itself where
+        it has none."""
         return self
 
     def made_for_problem(self, made_for: str | None) -> str | None:

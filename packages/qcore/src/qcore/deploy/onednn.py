@@ -599,6 +599,9 @@ class OneDnnTarget(DeployTarget):
     def float_kernels(self) -> OneDnnTarget:
         return OneDnnTarget(self.fallback, int8_kernels=False, overflow_fix=self.overflow_fix)
 
+    def without_fallback(self) -> OneDnnTarget:
+        return OneDnnTarget(False, int8_kernels=self.int8_kernels, overflow_fix=self.overflow_fix)
+
     def made_for_problem(self, made_for: str | None) -> str | None:
         if made_for in (None, "onednn"):
             return None

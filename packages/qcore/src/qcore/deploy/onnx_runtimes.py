@@ -96,7 +96,7 @@ class OnnxTarget(DeployTarget):
     def configure(self, config: inference.Config, threads: int) -> None:
         raise ConfigError(f"{self.name} runs ONNX files, not paddle.inference; use qcore.inference.create_predictor")
 
-    def predictor(self, files: ModelFiles | Path, threads: int) -> OnnxPredictor:
+    def own_predictor(self, files: ModelFiles | Path, threads: int) -> OnnxPredictor:
         """The runtime's predictor for an ``.onnx`` file or a Paddle model (its own program where the runtime
         reads the family, else its export in a temporary file)."""
         reason = self.unavailable()
