@@ -20,15 +20,15 @@ need no second code path.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 from .errors import ConfigError, QuantError
+from .paddle_env import eager_mode
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -63,21 +63,6 @@ def active(enabled: bool = True) -> bool:
     return bool(enabled) and world()[1] > 1
 
 
-@contextlib.contextmanager
-def _dynamic_mode() -> Iterator[None]:
-    """Paddle's object collectives run in dygraph only: leave static mode for the body."""
-    import paddle
-
-    static = not paddle.in_dynamic_mode()
-    if static:
-        paddle.disable_static()
-    try:
-        yield
-    finally:
-        if static:
-            paddle.enable_static()
-
-
 def all_gather(obj: Any, what: str) -> list[Any]:
     """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` in a single process.
 
@@ -91,7 +76,7 @@ def all_gather(obj: Any, what: str) -> list[Any]:
 
     gathered: list[Any] = []
     try:
-        with _dynamic_mode():
+        with eager_mode():  # Paddle's object collectives run in dygraph only
             dist.all_gather_object(gathered, obj)
     except Exception as exc:  # gloo/NCCL report a lost peer as a bare runtime error
         raise DistributedError(

@@ -40,6 +40,20 @@ def static_mode(family: Family, scope: paddle.static.Scope | None = None) -> Ite
             paddle.disable_static()
 
 
+@contextlib.contextmanager
+def eager_mode() -> Iterator[None]:
+    """Run the body in eager (dygraph) mode whatever the caller's global mode: PaddleSlim-era scripts call
+    the quantizers after ``paddle.enable_static()``, and the layer-wise methods replay layers eagerly."""
+    was_static = not paddle.in_dynamic_mode()
+    if was_static:
+        paddle.disable_static()
+    try:
+        yield
+    finally:
+        if was_static:
+            paddle.enable_static()
+
+
 def cpu_executor() -> paddle.static.Executor:
     """An executor on the CPU, the place every test and benchmark here runs on."""
     return paddle.static.Executor(paddle.CPUPlace())

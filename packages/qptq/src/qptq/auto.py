@@ -21,8 +21,11 @@ import paddle
 from qcore.deploy import OpTarget
 from qcore.graph import Graph
 from qcore.graph.replay import LayerReplay, replayable
+from qcore.paddle_env import eager_mode
 from qcore.quant import qmax
 from qcore.thresholds import ALGOS
+
+from .calibrate import stacked_by_shape
 
 AUTO = "auto"
 #: ``(activation name, threshold) -> (threshold, offset)``: the grid an activation deploys with
@@ -55,14 +58,14 @@ def choose_thresholds(
         for operand in target.activations:
             readers.setdefault(operand.name, []).append(target)
     choices = {}
-    with paddle.no_grad():
+    with eager_mode(), paddle.no_grad():
         for name, algos in candidates.items():
             kept = samples.get(name)
             if not kept:
                 continue
-            x = np.ascontiguousarray(np.concatenate(kept), dtype=np.float32)
+            stacks = stacked_by_shape(kept)
             layers = [_Layer(graph, t) if replayable(graph, t.op) else None for t in readers[name]]
-            references = [layer.run(x) if layer else x for layer in layers]
+            references = [[layer.run(x) if layer else x for layer in layers] for x in stacks]
             errors: dict[str, float] = {}
             by_threshold: dict[float, float] = {}
             for algo in (a for a in ALGOS if a in algos):
@@ -70,9 +73,11 @@ def choose_thresholds(
                 if t <= 0:
                     continue
                 if t not in by_threshold:
-                    xq = _fake_quantize(x, *(grid(name, t) if grid else (t, 0.0)), bits)
-                    outputs = [layer.run(xq) if layer else xq for layer in layers]
-                    by_threshold[t] = sum(squared_relative_error(y, r) for y, r in zip(outputs, references))
+                    by_threshold[t] = 0.0
+                    for x, refs in zip(stacks, references):
+                        xq = fake_quantize_grid(x, *(grid(name, t) if grid else (t, 0.0)), bits)
+                        outputs = [layer.run(xq) if layer else xq for layer in layers]
+                        by_threshold[t] += sum(squared_relative_error(y, r) for y, r in zip(outputs, refs))
                 errors[algo] = by_threshold[t]
             if not errors:
                 continue
@@ -82,7 +87,7 @@ def choose_thresholds(
     return choices
 
 
-def _fake_quantize(x: np.ndarray, threshold: float, offset: float, bits: int) -> np.ndarray:
+def fake_quantize_grid(x: np.ndarray, threshold: float, offset: float, bits: int) -> np.ndarray:
     """:func:`qcore.quant.fake_quantize` of ``x - offset``, plus ``offset``, in float32 (the replayed
     layers run in float32 anyway)."""
     top = qmax(bits)

@@ -61,6 +61,16 @@ class Calibration:
     samples_kept: int = 0
 
 
+def stacked_by_shape(kept: list[np.ndarray]) -> list[np.ndarray]:
+    """Kept samples stacked per sample shape, most samples first (calibration batches may differ in sequence
+    length or image width; a layer replays each stack on its own)."""
+    groups: dict[tuple[int, ...], list[np.ndarray]] = {}
+    for array in kept:
+        groups.setdefault(tuple(array.shape[1:]), []).append(array)
+    stacks = [np.ascontiguousarray(np.concatenate(g), dtype=np.float32) for g in groups.values()]
+    return sorted(stacks, key=len, reverse=True)
+
+
 def calibrate(
     graph: Graph,
     targets: list[OpTarget],

@@ -8,6 +8,7 @@ build it from their own call (:meth:`PTQConfig.from_call`); neither re-lists the
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -33,6 +34,7 @@ from qcore.thresholds import LAYERWISE_ALGOS, canonical_algo
 from .budget import Budget, EvalFunction
 from .data import check_batch_arguments, feed_batches
 
+log = logging.getLogger(__name__)
 #: The seeds' ``activation_quantize_type`` default: the only value that is not warned about.
 SEED_ACTIVATION_QUANTIZE_TYPE = "range_abs_max"
 
@@ -105,6 +107,8 @@ class PTQConfig:
             raise ConfigError("model_dir is required: the directory (or path prefix) of the float model")
         check_batch_arguments((self.sample_generator, self.batch_generator, self.data_loader), self.batch_size,
                               self.batch_nums)
+        if self.sample_generator is not None and self.data_loader is not None:
+            log.info("both sample_generator and data_loader given: calibrating on the data_loader (as PaddleSlim)")
         op_names = validate_names("quantizable_op_type", self.quantizable_op_type)
         hist = self.hist_percent
         if isinstance(hist, bool) or not isinstance(hist, (int, float)) or not 0 < hist <= 1:

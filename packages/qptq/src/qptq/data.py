@@ -2,9 +2,12 @@
 
 Accepted: ``sample_generator`` (a callable returning an iterator of samples, batched here by
 ``batch_size``), ``batch_generator`` (a callable returning an iterator of batches), or
-``data_loader`` (any iterable of batches, e.g. a ``paddle.io.DataLoader``). A sample or batch
-is a dict ``{feed_name: array}``, a tuple/list ordered like the model's feeds (extra items
-such as labels are ignored), or a single array for a one-input model.
+``data_loader`` (any iterable of batches, e.g. a ``paddle.io.DataLoader``); as in PaddleSlim, a
+``data_loader`` given with a ``sample_generator`` is the one used. A sample or batch is a dict
+``{feed_name: array}``, a list of such dicts (a static-mode ``DataLoader(feed_list=...,
+return_list=False)`` yields one per place: they are joined along the batch axis), a tuple/list
+ordered like the model's feeds (extra items such as labels are ignored), or a single array for a
+one-input model. Arrays may be numpy arrays, ``paddle.Tensor`` or static-mode ``DenseTensor``.
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ FeedSpec = tuple[tuple[int, ...], str]  # (shape with -1 for free dims, dtype na
 
 
 def _as_array(value: Any) -> np.ndarray:
-    return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+    return value.numpy() if hasattr(value, "numpy") else np.array(value)
 
 
 def to_feed(item: Any, feed_names: Sequence[str]) -> dict[str, np.ndarray]:
     """One batch (or sample) as ``{feed_name: array}``."""
+    if isinstance(item, (list, tuple)) and item and all(isinstance(part, dict) for part in item):
+        places = [to_feed(part, feed_names) for part in item]  # one dict per place
+        return places[0] if len(places) == 1 else {n: np.concatenate([p[n] for p in places]) for n in feed_names}
     if isinstance(item, dict):
         missing = [n for n in feed_names if n not in item]
         if missing:
@@ -54,8 +60,12 @@ def _batched(samples: Iterable[Any], feed_names: Sequence[str], batch_size: int)
 
 
 def check_batch_arguments(sources: Sequence[Any], batch_size: Any, batch_nums: Any) -> None:
-    """Refuse, before any work, a call without exactly one data source or with bad batch numbers."""
-    given = [s for s in sources if s is not None]
+    """Refuse, before any work, a call without exactly one data source (a ``data_loader`` may come with a
+    ``sample_generator``: it wins) or with bad batch numbers. ``sources``: sample generator, batch generator,
+    data loader."""
+    sample_generator, batch_generator, data_loader = sources
+    given = [s for s in (batch_generator, data_loader if data_loader is not None else sample_generator)
+             if s is not None]
     if len(given) != 1:
         raise DataError(
             f"pass exactly one of sample_generator, batch_generator or data_loader (got {len(given)})"
@@ -96,7 +106,7 @@ def feed_batches(
     data whose float feeds never vary (all zeros, one constant) is refused at the end.
     """
     check_batch_arguments((sample_generator, batch_generator, data_loader), batch_size, batch_nums)
-    if sample_generator is not None:
+    if sample_generator is not None and data_loader is None:
         batches: Iterable[dict[str, np.ndarray]] = _batched(_call(sample_generator), feed_names, batch_size)
     else:
         source = _call(batch_generator) if batch_generator is not None else data_loader

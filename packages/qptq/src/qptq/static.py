@@ -17,8 +17,6 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from qcore.deploy import OpTarget, Targets
 from qcore.deploy.apply import RUNS_FLOAT_NOTE, Applied, Planned
 from qcore.distributed import on_rank0
@@ -26,6 +24,7 @@ from qcore.graph import Graph, open_graph
 from qcore.graph.replay import LayerReplay, replayable
 from qcore.model_io import ModelFiles, check_model_output, load_model
 from qcore.outputs import write_bytes
+from qcore.paddle_env import eager_mode
 from qcore.thresholds import thresholds_all_algos
 
 from .adaround import AdaRounded, adaround
@@ -33,10 +32,11 @@ from .auto import AUTO, AutoChoice, choose_thresholds
 from .bias_correction import correct_bias, input_means
 from .budget import EvalFunction, Search, output_error, score_of, smallest_within
 from .budget import report as budget_report
-from .calibrate import Calibration, run_batches
+from .calibrate import Calibration, run_batches, stacked_by_shape
 from .config import PTQConfig
 from .naming import output_names
 from .sharded import calibrate_sharded
+from .smooth import Smoothing, apply_smoothing, choose_smoothing, smoothable
 
 log = logging.getLogger(__name__)
 #: Calibration batches the accuracy budget scores candidates on (label-free) and ranks layers with.
@@ -118,6 +118,7 @@ class PostTrainingQuantization:
         self.report: dict[str, Any] = {}
         self._auto: dict[str, AutoChoice] = {}
         self._rounded: dict[int, AdaRounded] = {}
+        self._smoothing: list[Smoothing] = []
 
     def __getattr__(self, name: str) -> Any:
         """A setting of :attr:`config` (``ptq.algo``, ``ptq.weight_bits``, ``ptq.deployment``, ...)."""
@@ -132,6 +133,9 @@ class PostTrainingQuantization:
         if self.optimize_model:
             graph.fold_conv_bn()
         planned = self._planned_targets(graph)
+        self._smoothing = self._smooth(graph, planned.ops) if self.algo == AUTO else []
+        if any(choice.factors is not None for choice in self._smoothing):
+            planned = self._planned_targets(graph)  # the smoothed readers read the multiply's output
         targets = planned.ops
         means = input_means(targets) if self.bias_correction else {}
         layerwise = self.algo == AUTO or self.round_type == "adaround"
@@ -156,6 +160,9 @@ class PostTrainingQuantization:
         self.report = self._rewrite(graph, planned, candidates, calibration, kept)
         if budget_report is not None:
             self.report["budget"] = budget_report
+        if self._smoothing:
+            self.report["smoothing"] = {c.activation: {"alpha": c.alpha, "layer_output_error": {
+                k: float(f"{v:.6g}") for k, v in c.errors.items()}} for c in self._smoothing}
         self.report["calibration_seconds"] = round(time.perf_counter() - start, 3)
         self.graph = graph
         return graph.model.program
@@ -166,6 +173,22 @@ class PostTrainingQuantization:
         joins = self.residual_add and "elementwise_add" not in self.op_types  # else they are ordinary targets
         return self.deployment.targets(graph, self.op_types, self.skip_patterns, self.skip_tensors,
                                        residual_add=joins)
+
+    def _smooth(self, graph: Graph, targets: list[OpTarget]) -> list[Smoothing]:
+        """Activation smoothing where it lowers the matmul outputs' error (:mod:`qptq.smooth`), from a pass
+        that keeps samples of the matmul inputs; returns the choice for each."""
+        groups = smoothable(graph, targets)
+        if not groups:
+            return []
+        readers = [t for group in groups.values() for t in group]
+        seen = calibrate_sharded(self, graph, readers, self.config.batches(self.model), enabled=self.distributed,
+                                 progress=self.progress, keep_samples=LAYERWISE_SAMPLES)
+        choices = choose_smoothing(graph, groups, seen.activation_samples, weight_bits=self.weight_bits,
+                                   activation_bits=self.activation_bits, hist_percent=self.hist_percent,
+                                   grid=functools.partial(self.deployment.activation_grid, self.grids))
+        smoothed = apply_smoothing(graph, groups, choices)
+        log.info("activation smoothing: %d of %d matmul inputs smoothed", smoothed, len(groups))
+        return choices
 
     def _adaround(self, graph: Graph, targets: list[OpTarget], calibration: Calibration) -> dict[int, AdaRounded]:
         """AdaRound's weight for every replayable weighted target, by position in ``targets``."""
@@ -178,9 +201,10 @@ class PostTrainingQuantization:
             if not kept:
                 continue
             axis = graph.weight_channel_axis(target.op) if self.per_channel else None
-            rounded[i] = adaround(LayerReplay(graph, target.op), np.concatenate(kept),
-                                  graph.get_param(target.weight.name), bits=self.weight_bits, axis=axis,
-                                  max_code=max_code)
+            with eager_mode():  # on the largest stack of same-shape samples
+                rounded[i] = adaround(LayerReplay(graph, target.op), stacked_by_shape(kept)[0],
+                                      graph.get_param(target.weight.name), bits=self.weight_bits, axis=axis,
+                                      max_code=max_code)
         return rounded
 
     def _meet_budget(

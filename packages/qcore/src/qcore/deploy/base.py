@@ -51,6 +51,20 @@ def residual_joins(graph: Graph, skip_patterns: Iterable[str] = ()) -> list[OpTa
     ]  # fmt: skip
 
 
+#: Ops that read a sum in float on every runtime: a join they read gains no int8 kernel from QDQ on its inputs.
+NORMALIZING_READERS = frozenset({"layer_norm"})
+
+
+def int8_joins(graph: Graph, skip_patterns: Iterable[str] = ()) -> list[OpTarget]:
+    """The residual joins worth quantizing: not those whose sum goes to a normalization (a transformer's
+    post-LayerNorm residual stream carries outlier channels that one per-tensor grid cannot hold, and the
+    LayerNorm runs float anyway; measured: all-MiniLM-L6-v2 cosine to float 0.94 with them, 0.993 without)."""
+    joins = residual_joins(graph, skip_patterns)
+    readers = graph.readers([t.op for t in joins])
+    return [t for t in joins
+            if not any(r.op.type.split(".")[-1] in NORMALIZING_READERS for r in readers[id(t.op.raw)])]
+
+
 #: Legacy op attribute recording which backend a model was quantized for (on its first op after the feeds).
 MARK_ATTR = "qcore_deploy_backend"
 
@@ -167,7 +181,7 @@ class DeployTarget(ABC):
         readers must stay float. ``calibrated=False`` (the QAT export) adds no op needing new thresholds."""
         if not residual_add or not calibrated or self.residual_adds != "both":
             return [], set()
-        return residual_joins(graph, skip_patterns), set()
+        return int8_joins(graph, skip_patterns), set()
 
     def rules(self, graph: Graph, targets: list[OpTarget], float_inputs: Iterable[str] = ()) -> ModelRules:
         """The rules for one model about to get QDQ on ``targets``."""

@@ -291,6 +291,22 @@ class Graph(ABC):
                 self._made.add(self._key(self._act_qdq[key]))
             self._set_operand(operand, self._act_qdq[key])
 
+    def scale_activation(self, operands: Sequence[Operand], factors: np.ndarray) -> None:
+        """Make each of ``operands`` (readers of one activation) read it multiplied by ``factors`` along its
+        last axis: one multiply by a new parameter, before the first reader, that they all share. The
+        product is an ordinary activation (the readers quantize it); other readers keep the original.
+        Activation smoothing (:mod:`qptq.smooth`) divides an activation this way and multiplies the weights."""
+        if not operands:
+            return
+        factors = np.asarray(factors, np.float32)
+        if factors.ndim != 1 or not np.all(np.isfinite(factors)) or not np.all(factors > 0):
+            raise GraphError(f"activation {operands[0].name!r}: channel factors must be positive and finite")
+        with self._editing():
+            self._build_channel_scale(list(operands), factors)
+
+    @abstractmethod
+    def _build_channel_scale(self, operands: list[Operand], factors: np.ndarray) -> None: ...
+
     def act_qdq_copy(self, name: str) -> Any:
         """The dequantized copy of activation ``name`` that :meth:`insert_act_qdq` made (what its readers read)."""
         if name not in self._act_qdq:

@@ -155,6 +155,17 @@ class LegacyGraph(Graph):
         insert_shift(self.block, self.model.scope, index, x, out, self._new_param_name(f"{out}@bias"), bias, marked)
         return out
 
+    def _build_channel_scale(self, operands: list[Operand], factors: np.ndarray) -> None:
+        name = operands[0].name
+        param = self._add_param(self._new_param_name(f"{name}@smooth"), factors)
+        scaled = self._tmp_var(self._new_var_name(f"{name}.smoothed"), name)
+        self.block._insert_op(
+            min(self._index(o.op.raw) for o in operands), type="elementwise_mul", inputs={"X": [name], "Y": [param]},
+            outputs={"Out": [scaled]}, attrs={"axis": -1},
+        )
+        for operand in operands:
+            operand.op.raw._rename_input(name, scaled)
+
     def _build_weight_dq(self, operand: Operand, weight: QuantizedWeight) -> str:
         name = operand.name
         codes = self._add_param(self._new_param_name(f"{name}.quantized"), weight.codes)

@@ -176,6 +176,14 @@ class PirGraph(Graph):
                                                                                  True, 0)[0]
             return paddle._C_ops.scale(out, 1.0, offset, True) if offset else out
 
+    def _build_channel_scale(self, operands: list[Operand], factors: np.ndarray) -> None:
+        first = operands[0]
+        param = self._add_param(self._new_param_name(f"{first.name}@smooth"), factors, first.op)
+        with self._inserting_before(first.op.raw):
+            scaled = paddle._C_ops.multiply(first.value, param)
+        for operand in operands:
+            self._set_operand(operand, scaled)
+
     def _build_weight_dq(self, operand: Operand, weight: QuantizedWeight) -> Any:
         codes = self._add_param(self._new_param_name(f"{operand.name}.quantized"), weight.codes, operand.op)
         scales = np.asarray(scale_from_threshold(weight.thresholds, weight.bits), np.float32)

@@ -1,0 +1,172 @@
+"""Activation smoothing (SmoothQuant, Xiao et al. 2023), applied where it lowers the layer output error.
+
+A matmul input with a few large channels (transformer LayerNorm and GELU outputs) gets one coarse
+per-tensor grid. Dividing its channel ``j`` by ``s_j`` and multiplying row ``j`` of every weight that
+reads it by ``s_j`` leaves the float model unchanged (``(x / s) (s W) = x W``) and moves the spread
+into the weights, which are quantized per output channel. With
+``s_j = max|x_j| ** alpha / max_k |W_jk| ** (1 - alpha)`` (the max over every reader's row ``j``), the
+strength ``alpha`` is chosen per activation among :data:`ALPHAS` and "off" (unless one divides the error by
+:data:`MIN_GAIN`) by the readers' output error
+with both operands quantized, ``sum ||op(Q(x / s), Qw(s W)) - op(x, W)||^2 / ||op(x, W)||^2`` on the
+samples calibration keeps, each candidate at its best threshold (every algo's) on the deployment grid.
+The division is a multiply by ``1 / s`` inserted before the readers (:meth:`qcore.graph.Graph.scale_activation`);
+runtimes fuse it into the quantize step that follows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import paddle
+
+from qcore.deploy import OpTarget
+from qcore.graph import Graph
+from qcore.graph.replay import LayerReplay, replayable
+from qcore.observers import HistogramObserver
+from qcore.optable import FC, kind_of
+from qcore.paddle_env import eager_mode
+from qcore.quant import fake_quantize
+from qcore.thresholds import thresholds_all_algos
+
+from .auto import fake_quantize_grid, squared_relative_error
+from .calibrate import stacked_by_shape
+
+log = logging.getLogger(__name__)
+
+#: Smoothing strengths tried per activation (besides leaving it as it is).
+ALPHAS = (0.25, 0.5, 0.75, 0.9)
+#: Smoothing applies only where it divides the error by at least this much: the multiply it adds runs on every
+#: inference (transformer LayerNorm / GELU outputs: 2 to 5x; a CNN's fc input: about 1.2x, left alone).
+MIN_GAIN = 1.5
+#: Rows (tokens) of the kept samples the choice is scored on: enough for the error, bounded in time.
+SCORED_ROWS = 4096
+#: ``(threshold, lo, hi) -> (threshold, offset)``: the grid an activation seen over ``[lo, hi]`` deploys with.
+Grid = Callable[[float, float, float], tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class Smoothing:
+    """The choice for one activation: ``alpha`` (None: left as it is) and the error of every candidate."""
+
+    activation: str
+    alpha: float | None
+    errors: dict[str, float]
+    factors: np.ndarray | None = None  # s (the activation is divided by it, the weight rows multiplied)
+
+
+def smoothable(graph: Graph, targets: Sequence[OpTarget]) -> dict[str, list[OpTarget]]:
+    """Activations read by weighted matmul-kind targets with 2-D weights, with those readers (in program
+    order); an activation also read by another kind of weighted target (a conv) is left out."""
+    groups: dict[str, list[OpTarget]] = {}
+    other: set[str] = set()
+    for target in targets:
+        if target.weight is None or len(target.activations) != 1:
+            continue
+        name = target.activations[0].name
+        fits = (kind_of(target.op.seed_type) is FC and replayable(graph, target.op)
+                and graph.get_param(target.weight.name).ndim == 2)
+        (groups.setdefault(name, []).append(target) if fits else other.add(name))
+    return {name: readers for name, readers in groups.items() if name not in other}
+
+
+def choose_smoothing(
+    graph: Graph,
+    groups: dict[str, list[OpTarget]],
+    samples: dict[str, list[np.ndarray]],
+    *,
+    weight_bits: int,
+    activation_bits: int,
+    grid: Grid,
+    hist_percent: float = 0.99999,
+) -> list[Smoothing]:
+    """The smoothing of every activation in ``groups`` that has kept samples (see the module doc)."""
+    choices = []
+    with eager_mode(), paddle.no_grad():
+        for name, readers in groups.items():
+            kept = samples.get(name)
+            if not kept:
+                continue
+            stacks = stacked_by_shape(kept)  # scored on the largest stack, channel maxima from all
+            x = _scored_rows(stacks[0])
+            layers = [_Reader(graph, t) for t in readers]
+            references = [layer.run(x, layer.weight) for layer in layers]
+            x_max = np.max([np.abs(s.reshape(-1, s.shape[-1])).max(0) for s in stacks], axis=0)
+            w_max = np.max([layer.row_max() for layer in layers], axis=0)
+            errors: dict[str, float] = {}
+            factors: dict[str, np.ndarray | None] = {"off": None}
+            for alpha in ALPHAS:
+                s = np.power(np.maximum(x_max, 1e-5), alpha) / np.power(np.maximum(w_max, 1e-5), 1 - alpha)
+                factors[str(alpha)] = (s / np.exp(np.log(s).mean())).astype(np.float32)  # geometric mean 1
+            for label, s in factors.items():
+                errors[label] = _error(x, s, layers, references, weight_bits, activation_bits, grid, hist_percent)
+            best = min(errors, key=lambda k: errors[k])
+            if errors[best] * MIN_GAIN > errors["off"]:
+                best = "off"
+            choices.append(Smoothing(name, None if best == "off" else float(best), errors, factors[best]))
+    return choices
+
+
+def apply_smoothing(graph: Graph, groups: dict[str, list[OpTarget]], choices: Sequence[Smoothing]) -> int:
+    """Divide each chosen activation by its factors and multiply its readers' weight rows; returns how many."""
+    done = 0
+    for choice in choices:
+        if choice.factors is None:
+            continue
+        readers = groups[choice.activation]
+        for target in readers:
+            assert target.weight is not None
+            weight = graph.get_param(target.weight.name)
+            rows = choice.factors[:, None] if graph.weight_channel_axis(target.op) == 1 else choice.factors[None, :]
+            graph.set_param(target.weight.name, (weight * rows).astype(weight.dtype))
+        graph.scale_activation([t.activations[0] for t in readers], 1.0 / choice.factors)
+        done += 1
+    return done
+
+
+def _scored_rows(x: np.ndarray) -> np.ndarray:
+    """The first samples of ``x`` holding at most :data:`SCORED_ROWS` rows (at least one sample)."""
+    per_sample = int(np.prod(x.shape[1:-1])) if x.ndim > 2 else 1
+    return np.ascontiguousarray(x[: max(1, SCORED_ROWS // max(per_sample, 1))], dtype=np.float32)
+
+
+def _error(x: np.ndarray, s: np.ndarray | None, layers: list[_Reader], references: list[np.ndarray],
+           weight_bits: int, activation_bits: int, grid: Grid, hist_percent: float) -> float:
+    """The readers' summed output error with ``x / s`` and ``s W`` quantized, at the best threshold."""
+    xs = x if s is None else x / s
+    observer = HistogramObserver()
+    observer.update(xs)
+    weights = [layer.quantized_weight(s, weight_bits) for layer in layers]
+    lo, hi = float(xs.min()), float(xs.max())
+    best = np.inf
+    for threshold in sorted(set(thresholds_all_algos(observer, activation_bits, hist_percent).values())):
+        if threshold <= 0:
+            continue
+        xq = fake_quantize_grid(xs, *grid(threshold, lo, hi), activation_bits)
+        error = sum(squared_relative_error(layer.run(xq, w), r) for layer, w, r in zip(layers, weights, references))
+        best = min(best, error)
+    return float(best)
+
+
+class _Reader:
+    """One matmul reading the activation, replayed eagerly; its weight rows are the input channels."""
+
+    def __init__(self, graph: Graph, target: OpTarget) -> None:
+        assert target.weight is not None
+        self.replay = LayerReplay(graph, target.op)
+        self.weight = graph.get_param(target.weight.name).astype(np.float32)
+        self.out_axis = graph.weight_channel_axis(target.op) or 0  # 1: [in, out]; 0: transposed [out, in]
+        self.in_axis = 1 - self.out_axis
+
+    def row_max(self) -> np.ndarray:
+        return np.abs(self.weight).max(axis=self.out_axis)
+
+    def quantized_weight(self, s: np.ndarray | None, bits: int) -> np.ndarray:
+        """``s W`` (rows scaled) fake-quantized per output channel at its abs max."""
+        w = self.weight if s is None else self.weight * np.expand_dims(s, self.out_axis)
+        return fake_quantize(w, np.maximum(np.abs(w).max(axis=self.in_axis), 1e-12), bits, axis=self.out_axis)
+
+    def run(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return self.replay(paddle.to_tensor(x), paddle.to_tensor(np.asarray(w, np.float32))).numpy()
