@@ -61,6 +61,17 @@ class Calibration:
     samples_kept: int = 0
 
 
+#: Rows (tokens) of kept matmul inputs the layer-wise choices score on: enough for the error, bounded in time.
+SCORED_ROWS = 1024
+
+
+def first_rows(x: np.ndarray, rows: int) -> np.ndarray:
+    """The first samples of a matmul input ``x`` (``[samples, ..., channels]``) holding at most ``rows`` rows
+    (at least one sample)."""
+    per_sample = int(np.prod(x.shape[1:-1])) if x.ndim > 2 else 1
+    return x[: max(1, rows // max(per_sample, 1))]
+
+
 def stacked_by_shape(kept: list[np.ndarray]) -> list[np.ndarray]:
     """Kept samples stacked per sample shape, most samples first (calibration batches may differ in sequence
     length or image width; a layer replays each stack on its own)."""

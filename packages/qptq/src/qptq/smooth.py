@@ -8,7 +8,7 @@ into the weights, which are quantized per output channel. With
 strength ``alpha`` is chosen per activation among :data:`ALPHAS` and "off" (unless one divides the error by
 :data:`MIN_GAIN`) by the readers' output error
 with both operands quantized, ``sum ||op(Q(x / s), Qw(s W)) - op(x, W)||^2 / ||op(x, W)||^2`` on the
-samples calibration keeps, each candidate at its best threshold (every algo's) on the deployment grid.
+samples calibration keeps, each candidate at its best threshold (of :data:`SCORED_ALGOS`) on the deployment grid.
 The division is a multiply by ``1 / s`` inserted before the readers (:meth:`qcore.graph.Graph.scale_activation`);
 runtimes fuse it into the quantize step that follows.
 """
@@ -29,10 +29,10 @@ from qcore.observers import HistogramObserver
 from qcore.optable import FC, kind_of
 from qcore.paddle_env import eager_mode
 from qcore.quant import fake_quantize
-from qcore.thresholds import thresholds_all_algos
+from qcore.thresholds import search_threshold
 
 from .auto import fake_quantize_grid, squared_relative_error
-from .calibrate import stacked_by_shape
+from .calibrate import SCORED_ROWS, first_rows, stacked_by_shape
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,8 @@ ALPHAS = (0.25, 0.5, 0.75, 0.9)
 #: Smoothing applies only where it divides the error by at least this much: the multiply it adds runs on every
 #: inference (transformer LayerNorm / GELU outputs: 2 to 5x; a CNN's fc input: about 1.2x, left alone).
 MIN_GAIN = 1.5
-#: Rows (tokens) of the kept samples the choice is scored on: enough for the error, bounded in time.
-SCORED_ROWS = 4096
+#: The thresholds each candidate is scored at (the final one is ``auto``'s choice among every algo).
+SCORED_ALGOS = ("abs_max", "hist", "mse")
 #: ``(threshold, lo, hi) -> (threshold, offset)``: the grid an activation seen over ``[lo, hi]`` deploys with.
 Grid = Callable[[float, float, float], tuple[float, float]]
 
@@ -90,7 +90,7 @@ def choose_smoothing(
             if not kept:
                 continue
             stacks = stacked_by_shape(kept)  # scored on the largest stack, channel maxima from all
-            x = _scored_rows(stacks[0])
+            x = first_rows(stacks[0], SCORED_ROWS)
             layers = [_Reader(graph, t) for t in readers]
             references = [layer.run(x, layer.weight) for layer in layers]
             x_max = np.max([np.abs(s.reshape(-1, s.shape[-1])).max(0) for s in stacks], axis=0)
@@ -126,12 +126,6 @@ def apply_smoothing(graph: Graph, groups: dict[str, list[OpTarget]], choices: Se
     return done
 
 
-def _scored_rows(x: np.ndarray) -> np.ndarray:
-    """The first samples of ``x`` holding at most :data:`SCORED_ROWS` rows (at least one sample)."""
-    per_sample = int(np.prod(x.shape[1:-1])) if x.ndim > 2 else 1
-    return np.ascontiguousarray(x[: max(1, SCORED_ROWS // max(per_sample, 1))], dtype=np.float32)
-
-
 def _error(x: np.ndarray, s: np.ndarray | None, layers: list[_Reader], references: list[np.ndarray],
            weight_bits: int, activation_bits: int, grid: Grid, hist_percent: float) -> float:
     """The readers' summed output error with ``x / s`` and ``s W`` quantized, at the best threshold."""
@@ -141,7 +135,9 @@ def _error(x: np.ndarray, s: np.ndarray | None, layers: list[_Reader], reference
     weights = [layer.quantized_weight(s, weight_bits) for layer in layers]
     lo, hi = float(xs.min()), float(xs.max())
     best = np.inf
-    for threshold in sorted(set(thresholds_all_algos(observer, activation_bits, hist_percent).values())):
+    options = {"hist": {"hist_percent": hist_percent}}
+    thresholds = {search_threshold(a, observer, activation_bits, **options.get(a, {})) for a in SCORED_ALGOS}
+    for threshold in sorted(thresholds):
         if threshold <= 0:
             continue
         xq = fake_quantize_grid(xs, *grid(threshold, lo, hi), activation_bits)
