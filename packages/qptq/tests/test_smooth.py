@@ -165,3 +165,25 @@ def test_joins_read_by_a_layer_norm_are_not_quantized_for_int8_runtimes(tmp_path
     graph = open_graph(load_model(directory))
     planned = Deployment("openvino-runtime").targets(graph, ["mul"]).ops
     assert [t.op.seed_type for t in planned] == ["mul", "mul"]  # the residual add feeds norm2: left float
+
+
+def test_a_target_leaving_most_layers_float_says_so_in_one_line(tmp_path, caplog):
+    paddle.seed(0)
+    net = paddle.nn.Sequential(paddle.nn.Linear(DIM, 64), paddle.nn.ReLU(), paddle.nn.Linear(64, 64), paddle.nn.ReLU(),
+                               paddle.nn.Linear(64, DIM))
+    net.eval()
+    with paddle.pir_utils.DygraphOldIrGuard():
+        paddle.jit.save(net, str(tmp_path / "mlp" / "inference"),
+                        input_spec=[paddle.static.InputSpec([None, None, DIM], "float32", "x")])
+    x = np.random.default_rng(0).standard_normal((32, TOKENS, DIM)).astype("float32")
+    batches = [{"x": x[i:i + 8]} for i in range(0, 32, 8)]
+    report = quant_post_static(None, tmp_path / "mlp", tmp_path / "onednn", batch_generator=lambda: iter(batches),
+                               algo="hist", quantizable_op_type=["mul"])
+    reasons = [layer["left_float"] for layer in report["layers"] if "left_float" in layer]
+    assert len(reasons) == 2  # oneDNN's fc rules: a [K, N] weight's scales, a square weight's axis
+    line = f"2 of 3 weighted layers stay float for onednn (mostly: {reasons[0]}); " \
+           "deploy_backend='openvino' runs 2 of them int8"
+    assert report["float_layers"] == line and line in caplog.text
+    report = quant_post_static(None, tmp_path / "mlp", tmp_path / "openvino", batch_generator=lambda: iter(batches),
+                               algo="hist", quantizable_op_type=["mul"], deploy_backend="openvino")
+    assert "float_layers" not in report

@@ -119,6 +119,7 @@ class PostTrainingQuantization:
         self._auto: dict[str, AutoChoice] = {}
         self._rounded: dict[int, AdaRounded] = {}
         self._smoothing: list[Smoothing] = []
+        self._float_summary: str | None = None
 
     def __getattr__(self, name: str) -> Any:
         """A setting of :attr:`config` (``ptq.algo``, ``ptq.weight_bits``, ``ptq.deployment``, ...)."""
@@ -163,6 +164,9 @@ class PostTrainingQuantization:
         if self._smoothing:
             self.report["smoothing"] = {c.activation: {"alpha": c.alpha, "layer_output_error": {
                 k: float(f"{v:.6g}") for k, v in c.errors.items()}} for c in self._smoothing}
+        if self._float_summary:
+            self.report["float_layers"] = self._float_summary
+            log.warning("%s", self._float_summary)
         self.report["calibration_seconds"] = round(time.perf_counter() - start, 3)
         self.graph = graph
         return graph.model.program
@@ -295,6 +299,7 @@ class PostTrainingQuantization:
             ]  # fmt: skip
 
         done = self.deployment.rewrite(graph, targets, chosen, plan)
+        self._float_summary = self.deployment.float_summary(done.applied, graph.family)
         layers = [self._layer_report(graph, a, candidates, chosen, done.thresholds, grids, done.unsigned, calibration)
                   for a in done.applied]
         for i, rounded in self._rounded.items():

@@ -162,6 +162,9 @@ class QAT:
             for (layer, _), op_target in zip(targets, ops)
         ]  # fmt: skip
         done = deployment.rewrite(graph, deployment.plan(graph, ops, calibrated=False), {}, lambda _: planned)
+        summary = deployment.float_summary(done.applied, graph.family)
+        if summary:
+            log.warning("%s", summary)
         return {layer.layer.weight.name: a.left_float for (layer, _), a in zip(targets, done.applied) if a.left_float}
 
 

@@ -12,6 +12,7 @@ names a concrete target.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Backends :meth:`Deployment.float_summary` may suggest, in order (their rules are data, not graph-dependent).
+SUGGESTED_TARGETS = ("openvino", "openvino-runtime", "onnxruntime")
 #: ``activation_symmetric`` -> activation grids; None takes the target's default.
 _GRIDS = {False: "asymmetric", True: "symmetric"}
 
@@ -190,6 +193,27 @@ class Deployment:
         if self.requested:
             mark_model(graph, self.target)
         return Rewritten(applied, thresholds, rules.unsigned, rules.rewrites)
+
+    def float_summary(self, applied: Sequence[Applied], family: str) -> str | None:
+        """One line when the target's rules left most weighted layers float (how many, the main reason, and a
+        backend whose rules would run most of them int8), else None; layers the caller kept float (an
+        accuracy budget) do not count."""
+        weighted = [a for a in applied if a.planned.target.weight is not None and a.planned.keep_float is None]
+        kept = [a for a in weighted if a.left_float is not None]
+        if not weighted or 2 * len(kept) <= len(weighted):
+            return None
+        reason = Counter(a.left_float for a in kept).most_common(1)[0][0]
+        ops = [a.planned.target.op for a in kept]
+        hint = ""
+        for other in SUGGESTED_TARGETS:
+            target = get_target(other)
+            runs = sum(target.op_problem(op, family) is None for op in ops)
+            if target.name != self.target.name and family in target.int8_families and 2 * runs > len(ops) \
+                    and target.unavailable() is None:
+                hint = f"; deploy_backend={target.name!r} runs {runs} of them int8"
+                break
+        return (f"{len(kept)} of {len(weighted)} weighted layers stay float for {self.target.name} "
+                f"(mostly: {reason}){hint}")
 
     def save(self, graph: Graph, directory: Any, model_filename: str, params_filename: str) -> ModelFiles:
         """Write the quantized model atomically, with the files the runtime reads beside it (an ONNX export)."""
