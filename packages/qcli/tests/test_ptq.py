@@ -93,7 +93,8 @@ def test_static_for_openvino_is_verified_there(demo_arrays, tmp_path, capsys):
     assert not any("left_float" in layer for layer in report["layers"])
     row = report["verified"]["openvino"]
     assert list(report["verified"]) == ["openvino"]
-    assert row["deployed_vs_simulated"] < 1e-3 and 0 < row["int8_vs_float"] < 0.2 and row["int8_ms"] > 0
+    # the largest difference over 64 samples, relative to the output range: rounding ties (about 2e-3)
+    assert row["deployed_vs_simulated"] < 5e-3 and 0 < row["int8_vs_float"] < 0.2 and row["int8_ms"] > 0
     assert "| openvino |" in capsys.readouterr().out
 
 
@@ -107,7 +108,7 @@ def test_asymmetric_static_for_openvino_is_verified_there(demo_arrays, tmp_path,
                if "offset" in info]
     assert offsets  # the demo's relu outputs
     row = report["verified"]["openvino"]
-    assert row["deployed_vs_simulated"] < 1e-3 and 0 < row["int8_vs_float"] < 0.2
+    assert row["deployed_vs_simulated"] < 5e-3 and 0 < row["int8_vs_float"] < 0.2
     assert main(["ptq", "static", str(demo_model_dir("legacy")), str(tmp_path / "no"), "--data",
                  str(demo_arrays / "calib.npy"), "--backend", "onednn", "--asymmetric"]) != 0
     assert "symmetric activation grids only" in capsys.readouterr().err
@@ -177,3 +178,76 @@ def test_bad_budget_and_algo_options_are_one_line(demo_arrays, tmp_path, capsys,
     assert code != 0
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_verification_runs_on_the_users_calibration_samples(demo_arrays, tmp_path, capsys):
+    assert main(["ptq", "static", str(demo_model_dir("legacy")), str(tmp_path / "int8"), "--data",
+                 str(demo_arrays / "calib.npy"), "--algo", "abs_max", "--backend", "openvino"]) == 0
+    report = json.loads((tmp_path / "int8.report.json").read_text())
+    assert report["verified_on"] == "60 calibration samples (--eval-data: held-out ones)"
+    # real images, not noise: the int8 model agrees with float on nearly all of them (random inputs gave 75 %)
+    assert report["verified"]["openvino"]["agreement_with_float"] >= 95
+    assert "verified on 60 calibration samples" in capsys.readouterr().out
+
+
+@pytest.fixture
+def token_model(tmp_path):
+    """A PIR model with an integer input: ids (int64, [-1, 4]) -> embedding(1000, 8) -> mean -> fc(5)."""
+    import paddle
+
+    class Tokens(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.fc = paddle.nn.Embedding(1000, 8), paddle.nn.Linear(8, 5)
+
+        def forward(self, ids):
+            return self.fc(self.emb(ids).mean(1))
+
+    paddle.seed(0)
+    net = Tokens()
+    net.eval()
+    paddle.jit.save(net, str(tmp_path / "tokens" / "inference"),
+                    input_spec=[paddle.static.InputSpec([None, 4], "int64", "ids")])
+    np.save(tmp_path / "ids.npy", np.random.default_rng(0).integers(0, 1000, (64, 4)))
+    return tmp_path / "tokens", tmp_path / "ids.npy"
+
+
+def test_a_model_with_integer_inputs_is_verified_on_its_token_ids(token_model, tmp_path):
+    model, ids = token_model
+    assert main(["ptq", "static", str(model), str(tmp_path / "int8"), "--data", str(ids), "--backend",
+                 "native"]) == 0
+    report = json.loads((tmp_path / "int8.report.json").read_text())
+    assert report["verified_on"].startswith("64 calibration samples")
+    assert report["verified"]["native"]["deployed_vs_simulated"] < 1e-5
+    # weight-only: no calibration data and integer inputs: not verified, and it says why
+    assert main(["ptq", "dynamic", str(model), str(tmp_path / "w8"), "--backend", "native"]) == 0
+    report = json.loads((tmp_path / "w8.report.json").read_text())
+    assert "verified" not in report and "pass --eval-data" in report["verified_on"]
+
+
+@pytest.mark.parametrize("option,code,message", [
+    (["--eval-data", "missing.npy"], 5, "--eval-data missing.npy: no such file"),
+    (["--report-html", "nodir/r.html"], 6, "--report-html nodir/r.html: directory nodir does not exist"),
+])
+def test_bad_paths_are_refused_before_any_work(demo_arrays, tmp_path, capsys, monkeypatch, option, code, message):
+    monkeypatch.chdir(tmp_path)
+    assert main(["ptq", "static", str(demo_model_dir("legacy")), "out", "--data", str(demo_arrays / "calib.npy"),
+                 *option]) == code
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_verification_keeps_the_model_and_says_so(demo_arrays, tmp_path, capsys, monkeypatch):
+    import qcli.commands.ptq as ptq_command
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("predictor crashed\nmore lines")
+
+    monkeypatch.setattr(ptq_command, "verify", broken)
+    assert main(["ptq", "static", str(demo_model_dir("legacy")), str(tmp_path / "int8"), "--data",
+                 str(demo_arrays / "calib.npy"), "--algo", "abs_max"]) == ptq_command.VERIFICATION_FAILED == 8
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("qcli")]  # past tqdm's lines
+    assert err == [f"qcli ptq: the quantized model is written to {tmp_path / 'int8'}, but verifying it failed: "
+                   "predictor crashed"]
+    assert find_model_files(tmp_path / "int8").model_file.is_file()
+    assert json.loads((tmp_path / "int8.report.json").read_text())["verification_failed"] == "predictor crashed"

@@ -47,7 +47,11 @@ def test_generate_test_model_holds_dequantized_float_weights(tiny_model, tiny_in
 
 def test_default_quantizes_conv2d_and_mul_only(tiny_model, tmp_path):
     directory, kwargs = tiny_model
-    quant_post_dynamic(directory, tmp_path / "out", **kwargs)
+    files = quant_post_dynamic(directory, tmp_path / "out", **kwargs)
+    # PaddleSlim 2.6's names when save_model_filename / save_params_filename are None: scripts load them
+    assert (files.model_file.name, files.params_file.name) == (
+        "model.json" if files.family == "pir" else "model.pdmodel", "model.pdiparams")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted([files.model_file.name, "model.pdiparams"])
     names = open_graph(load_model(tmp_path / "out")).param_names()
     assert "conv2d_0.w_0.quantized" in names and "linear_0.w_0.quantized" in names
     assert "conv2d_1.w_0" in names  # the depthwise conv is not in the default list

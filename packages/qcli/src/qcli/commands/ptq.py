@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -86,6 +87,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 CPU_BACKENDS = ("onednn", "openvino", "native")
+#: Samples a run is verified on (``--eval-data``, else calibration samples).
+VERIFY_SAMPLES = 64
+#: Exit status when the model was written but its verification failed (the model stays).
+VERIFICATION_FAILED = 8
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -103,7 +108,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def run_dynamic(args: argparse.Namespace) -> int:
     qptq = require("ptq")
-    _report_path(args)
+    _check_paths(args)
     source = find_model_files(args.model, args.model_filename, args.params_filename)
     start = time.perf_counter()
     files = qptq.quant_post_dynamic(
@@ -117,7 +122,7 @@ def run_dynamic(args: argparse.Namespace) -> int:
 
 def run_static(args: argparse.Namespace) -> int:
     qptq = require("ptq")
-    _report_path(args)
+    _check_paths(args)
     source = find_model_files(args.model, args.model_filename, args.params_filename)
     image_shape = functools.partial(_sample_shape, source, args.input_shape)
     samples = sample_source(args.data, image_shape, _floats(args.mean), _floats(args.std))
@@ -137,7 +142,19 @@ def run_static(args: argparse.Namespace) -> int:
         activation_symmetric=False if args.asymmetric else None, **options,
     )
     report = {"method": "static", **ptq_report}
-    return _finish(args, source, find_model_files(args.out), report, time.perf_counter() - start)
+    return _finish(args, source, find_model_files(args.out), report, time.perf_counter() - start, samples)
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Refuse, before any work, evaluation files that do not exist and report paths that cannot be written."""
+    _report_path(args)
+    for option, path in (("--eval-data", args.eval_data), ("--eval-labels", getattr(args, "eval_labels", None))):
+        if path is not None and not Path(path).is_file():
+            raise DataError(f"{option} {path}: no such file; give a .npy array of samples")
+    html = getattr(args, "report_html", None)
+    if html is not None and (not html.parent.is_dir() or html.is_dir()):
+        raise OutputError(f"--report-html {html}: directory {html.parent} does not exist or the path is a "
+                          "directory; give a file path in an existing directory")
 
 
 def _report_path(args: argparse.Namespace) -> Path:
@@ -152,7 +169,8 @@ def _report_path(args: argparse.Namespace) -> Path:
     return path
 
 
-def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, report: dict, seconds: float) -> int:
+def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, report: dict, seconds: float,
+            samples: Callable[[], Any] | None = None) -> int:
     report = {
         **report,
         "model": str(source.model_file),
@@ -164,11 +182,19 @@ def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, repor
             "ratio": round(out.params_bytes / source.params_bytes, 4),
         },
     }
-    if args.eval_data is not None:
-        report["accuracy"] = _accuracy(source, out, args.eval_data, args.eval_labels, args.backend)
-    feed = {first_feed(source): np.load(args.eval_data)[:8]} if args.eval_data else _random_feed(source)
-    if feed is not None:
-        report["verified"] = verify(source, out, feed, [args.backend] if args.backend else CPU_BACKENDS)
+    status = 0
+    try:
+        if args.eval_data is not None:
+            report["accuracy"] = _accuracy(source, out, args.eval_data, args.eval_labels, args.backend)
+        feed, report["verified_on"] = _verification_feed(args, source, samples)
+        if feed is not None:
+            report["verified"] = verify(source, out, feed, [args.backend] if args.backend else CPU_BACKENDS)
+    except Exception as exc:  # the model is written and stays: say so in one line, with the documented status
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        report["verification_failed"] = first
+        print(f"qcli {args.command}: the quantized model is written to {out.directory}, but verifying it failed: "
+              f"{first}", file=sys.stderr)
+        status = VERIFICATION_FAILED
     path = _report_path(args)
     write_bytes(path, json.dumps(report, indent=1).encode())
     if getattr(args, "report_html", None) is not None:
@@ -180,8 +206,41 @@ def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, repor
     for name, value in report.get("accuracy", {}).items():
         print(f"  {name}: {value:.2f}")
     if "verified" in report:
+        print(f"verified on {report['verified_on']}:")
         print(markdown_table(report["verified"]))
-    return 0
+    elif "verification_failed" not in report:
+        print(f"not verified: {report['verified_on']}")
+    return status
+
+
+def _verification_feed(args: argparse.Namespace, source: ModelFiles,
+                       samples: Callable[[], Any] | None) -> tuple[dict[str, np.ndarray] | None, str]:
+    """The samples the model is verified on, and what they are: the first :data:`VERIFY_SAMPLES` of
+    ``--eval-data``, else of the calibration data (same shape as the first), else standard-normal samples
+    for a float input of fixed shape; None (with the reason) where none of these fits."""
+    specs = feed_specs(source)
+    if len(specs) != 1:
+        return None, f"the model has {len(specs)} inputs; qcli verifies one-input models (use qcore.deploy.verify)"
+    name, (shape, dtype) = next(iter(specs.items()))
+    if args.eval_data is not None:
+        x = np.load(args.eval_data)[:VERIFY_SAMPLES]
+        return {name: x}, f"{len(x)} samples of --eval-data"
+    if samples is not None:
+        from qptq.data import to_feed
+
+        kept: list[np.ndarray] = []
+        for item in samples():
+            array = np.asarray(to_feed(item, [name])[name])
+            if kept and array.shape != kept[0].shape:
+                continue
+            kept.append(array)
+            if len(kept) == VERIFY_SAMPLES:
+                break
+        return {name: np.stack(kept).astype(dtype)}, f"{len(kept)} calibration samples (--eval-data: held-out ones)"
+    if np.dtype(dtype).kind != "f" or any(d < 0 for d in shape[1:]):
+        return None, "no --eval-data, and random samples do not fit the model's input; pass --eval-data"
+    feed = _random_feed(source, VERIFY_SAMPLES)
+    return feed, f"{VERIFY_SAMPLES} standard-normal samples (pass --eval-data to verify on real ones)"
 
 
 def _budget_options(args: argparse.Namespace, source: ModelFiles) -> dict[str, Any]:

@@ -31,10 +31,12 @@ def verify(
     repeats: int = 10,
     threads: int = 2,
     labels: np.ndarray | None = None,
+    latency_batch: int = 8,
 ) -> dict[str, dict[str, Any]]:
     """Per backend: the int8 model's output error deployed vs simulated (and the float model's, for
-    scale), arg-max agreement with the float model on that backend, top-1 when ``labels`` are given,
-    and float / int8 latency. A backend that cannot run says why under ``"unavailable"``."""
+    scale), arg-max agreement with the float model on that backend, top-1 when ``labels`` are given
+    (all on ``feed``), and float / int8 latency (on its first ``latency_batch`` rows). A backend that
+    cannot run says why under ``"unavailable"``."""
     simulated = load_model(int8_files).run(dict(feed))[0]
     result: dict[str, dict[str, Any]] = {}
     for name in backends:
@@ -46,7 +48,7 @@ def verify(
         predictors = {m: create_predictor(f, backend=target, threads=threads)
                       for m, f in (("float", float_files), ("int8", int8_files))}
         float_out, int8_out = (run_predictor(predictors[m], feed)[0] for m in ("float", "int8"))
-        ms = interleaved_latency(predictors, feed, repeats)
+        ms = interleaved_latency(predictors, {k: v[:latency_batch] for k, v in feed.items()}, repeats)
         row: dict[str, Any] = {
             "deployed_vs_simulated": round(relative_error(int8_out, simulated), 6),
             "int8_vs_float": round(relative_error(int8_out, float_out), 6),
