@@ -15,6 +15,7 @@ from onnx import numpy_helper
 from qcore.deploy.onnx_runtimes import ONNX_FILE
 from qcore.errors import ExportError
 from qcore.export import export_onnx, onnx_bytes
+from qcore.graph import open_graph
 from qcore.inference import create_predictor, run_predictor
 from qcore.model_io import load_model
 from qptq import quant_post_dynamic, quant_post_static
@@ -207,3 +208,38 @@ def test_dynamic_int8_matmuls_for_onnxruntime(float_model, tmp_path):
     simulated = load_model(files).run({"x": x})[0]  # weight-only: the input of the fc stays float here
     deployed = run_predictor(create_predictor(tmp_path / "dyn" / ONNX_FILE, backend="onnxruntime"), {"x": x})[0]
     assert 0 < _relative_l2(deployed, simulated) < 2e-2  # the run-time 8-bit input of the fc
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino-runtime"])
+@pytest.mark.parametrize("family", ["pir", "legacy"])
+def test_lookup_tables_are_stored_per_row_in_int8_for_the_onnx_runtimes(tmp_path, runtime, family):
+    from qdemo.testing import EMBEDDING_INPUT_SPEC, TinyEmbeddingNet, save_tiny_net
+
+    paddle.seed(0)
+    net = TinyEmbeddingNet(vocab=500, dim=32)
+    net.eval()
+    kwargs = save_tiny_net(net, tmp_path / "float", "pir" if family == "pir" else "legacy_pdmodel",
+                           EMBEDDING_INPUT_SPEC)
+    ids = np.random.default_rng(0).integers(0, 500, (32, 6)).astype("int64")
+    report = quant_post_static(None, tmp_path / "float", tmp_path / "q", **kwargs, deploy_backend=runtime,
+                               batch_generator=lambda: iter([{"ids": ids[i:i + 8]} for i in range(0, 32, 8)]),
+                               quantizable_op_type=["lookup_table", "mul"], save_model_filename=None,
+                               save_params_filename=None)
+    lookup = next(layer for layer in report["layers"] if layer["op"] == "lookup_table")
+    assert "left_float" not in lookup and len(lookup["weight"]["thresholds"]) == 500  # one scale per row
+    table = net.emb.weight.numpy()
+    row_max = np.abs(table).max(1)  # row 0 is the padding row, all zeros: threshold 1 (its codes are 0 anyway)
+    np.testing.assert_allclose(lookup["weight"]["thresholds"], np.where(row_max > 0, row_max, 1.0), rtol=1e-5)
+    if (tmp_path / "q" / ONNX_FILE).exists():  # what the runtime reads: the export, or (legacy, OpenVINO) the program
+        model = onnx.load(str(tmp_path / "q" / ONNX_FILE))
+        int8 = [numpy_helper.to_array(i) for i in model.graph.initializer if i.data_type == onnx.TensorProto.INT8]
+    else:
+        graph = open_graph(load_model(tmp_path / "q"))
+        int8 = [graph.get_param(n) for n in graph.param_names() if n.endswith(".quantized")]
+    codes = next(v for v in int8 if v.shape == (500, 32))  # the table, stored as 8-bit codes
+    np.testing.assert_array_equal(codes, np.round(table / (np.where(row_max > 0, row_max, 1.0)[:, None] / 127)))
+    simulated = load_model(tmp_path / "q").run({"ids": ids})[0]
+    deployed = run_predictor(create_predictor(tmp_path / "q", backend=runtime), {"ids": ids})[0]
+    assert _relative_l2(deployed, simulated) < 0.01  # as every ONNX target: within 1 % of the simulation
+    float_out = load_model(tmp_path / "float").run({"ids": ids})[0]
+    assert _relative_l2(simulated, float_out) < 0.02

@@ -73,6 +73,7 @@ def apply_rules(
             per_channel=item.per_channel, weight_thresholds=item.weight_thresholds, weight_value=item.weight_value,
             unsigned=rules.unsigned, act_offsets=item.act_offsets, zero_points=rules.target.activation_zero_points,
             float_dequant=target.op.seed_type in rules.target.float_dequant_weights, weight_max_code=max_code,
+            lookup_rows=target.op.seed_type in rules.target.weight_only_ops,
         )  # fmt: skip
         if target.runs_float:
             rules.keep_float(target.op)

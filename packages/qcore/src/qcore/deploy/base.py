@@ -120,6 +120,9 @@ class DeployTarget(ABC):
     int8_ops: ClassVar[frozenset[str]]
     #: seed op types the runtime cannot run well in int8, with the reason (measured where the text says so)
     float_ops: ClassVar[Mapping[str, str]] = {}
+    #: seed op types whose table the runtime reads as 8-bit codes with a scale per row, dequantized after the
+    #: lookup (size, not speed: the lookup itself is a gather)
+    weight_only_ops: ClassVar[frozenset[str]] = frozenset()
     #: IR families whose QDQ the runtime runs with int8 kernels; others run the simulation in float
     int8_families: ClassVar[tuple[str, ...]]
     #: seed op types whose int8 weight is read through cast -> multiply instead of ``dequantize_linear``
@@ -162,6 +165,8 @@ class DeployTarget(ABC):
     def op_problem(self, op: OpRef, family: str) -> str | None:
         """The data rule: why ``op`` stays float on this target, or None."""
         seed = op.seed_type or op.type
+        if seed in self.weight_only_ops:
+            return None
         if seed in self.float_ops:
             return f"{self.name}: {self.float_ops[seed]}"
         if seed not in self.int8_ops:

@@ -51,8 +51,11 @@ def require_onnx() -> None:
 
 
 def _error_line(log: str) -> str:
-    lines = [line.strip() for line in log.splitlines() if line.strip()]
-    found = next((line for line in lines if "ERROR" in line or "Error" in line), lines[-1] if lines else "")
+    lines = [line.strip() for line in log.splitlines() if line.strip() and not set(line.strip()) <= set("-=")]
+    at = next((i for i, line in enumerate(lines) if "ERROR" in line or "Error" in line), None)
+    found = lines[at] if at is not None else (lines[-1] if lines else "")
+    if found.startswith("Error Message Summary") and at is not None and at + 1 < len(lines):
+        found = lines[at + 1]  # Paddle's enforce message: the summary line, then the error itself
     return found.split("[ERROR]")[-1].strip()[:300]
 
 

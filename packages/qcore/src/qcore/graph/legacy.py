@@ -217,6 +217,8 @@ class LegacyGraph(Graph):
             value = add("elementwise_mul", {"X": sign, "Y": add("exp", {"X": power}, {})}, {"axis": -1})
         if per_row:
             attrs = {a: op.raw.attr(a) for a in ("padding_idx",) if op.raw.has_attr(a)}
+            if attrs:  # the scale lookup zeroes the padding row; paddle2onnx 2.1 aborts on an int8 one with it
+                op.raw._set_attr("padding_idx", -1)
             lookup = "lookup_table" if op.type == "lookup_table" else "lookup_table_v2"  # v1 drops a trailing 1
             scale = add(lookup, {"Ids": op.raw.input(ids_slot)[0], "W": scale}, attrs)
         add("elementwise_mul", {"X": value, "Y": scale}, {"axis": -1}, result=out)

@@ -201,8 +201,11 @@ class PirGraph(Graph):
     ) -> None:
         ids = op.raw.operand_source(0)
         padding_idx = int(op.raw.attrs().get("padding_idx", -1))
+        # per row, the scale lookup zeroes the padding row, so the int8 lookup needs no padding_idx (paddle2onnx
+        # 2.1 aborts on an int8 table with one)
         with self._inserting_before(op.raw):
-            value = paddle._C_ops.cast(paddle._C_ops.embedding(ids, codes, padding_idx, False), paddle.float32)
+            codes_padding = -1 if per_row else padding_idx
+            value = paddle._C_ops.cast(paddle._C_ops.embedding(ids, codes, codes_padding, False), paddle.float32)
             if log_step is not None:  # sign(c) * exp(log_step * (1 - |c|))
                 power = paddle._C_ops.scale(paddle._C_ops.abs(value), -log_step, log_step, True)
                 value = paddle._C_ops.multiply(paddle._C_ops.sign(value), paddle._C_ops.exp(power))

@@ -14,6 +14,8 @@ from typing import Union
 
 import numpy as np
 
+from ..errors import GraphError
+from ..quant import abs_max, quantize, scale_from_threshold
 from .base import Graph, OpRef, QuantizedWeight
 
 #: a value per activation operand: by name, by position in :meth:`Graph.activation_operands`, or one for all
@@ -53,6 +55,7 @@ def quantize_op(
     weight_max_code: int | None = None,
     act_offsets: PerOperand | None = None,
     zero_points: bool = False,
+    lookup_rows: bool = False,
 ) -> OpQuantization:
     """Quantize ``op``'s weight (if it has one) and insert QDQ on its activation inputs.
 
@@ -68,11 +71,23 @@ def quantize_op(
     weight through cast -> multiply and ``weight_max_code`` bounds its codes (:meth:`Graph.quantize_weight`).
     ``act_offsets`` (keyed like ``act_thresholds``) shift activations onto asymmetric grids
     (:meth:`Graph.insert_act_qdq`'s ``offset``), deployed as zero points when ``zero_points``.
+    ``lookup_rows`` stores a lookup's table as 8-bit codes with one scale per row and dequantizes only the
+    rows it looks up (:meth:`Graph.quantize_lookup`): a weight-only table, a quarter of the size.
     """
     result = OpQuantization()
     activations = graph.activation_operands(op)
     weight = graph.weight_operand(op)
-    if weight is not None:
+    if weight is not None and lookup_rows:
+        if weight_bits != 8:
+            raise GraphError(f"{op!r}: lookup tables are stored with 8-bit codes; use weight_bits=8")
+        table = graph.get_param(weight.name) if weight_value is None else weight_value
+        rows = np.asarray(abs_max(table, axis=0), np.float64)
+        thresholds = np.where(rows > 0, rows, 1.0)  # an all-zero row keeps code 0 at any scale
+        scales = np.asarray(scale_from_threshold(thresholds, weight_bits), np.float64)
+        codes = quantize(table, scales, weight_bits, axis=0)
+        graph.quantize_lookup(op, codes, scales.astype(np.float32))
+        result.weight = QuantizedWeight(codes, thresholds, 0, weight_bits)
+    elif weight is not None:
         axis = graph.weight_channel_axis(op) if per_channel else None
         result.weight = graph.quantize_weight(
             weight, weight_bits, axis, weight_thresholds, float_dequant, max_code=weight_max_code, value=weight_value
