@@ -313,3 +313,34 @@ def test_the_openvino_runtime_keeps_the_same_excited_conv_float(tmp_path):
     files = find_model_files(tmp_path / "runtime")
     deployed = run_predictor(create_predictor(files, backend="openvino-runtime"), {"x": x})[0]
     assert _error(deployed, load_model(files).run({"x": x})[0]) < 2e-2  # OpenVINO's bf16 float layers included
+
+
+@pytest.mark.parametrize("family", ["legacy_pdmodel", "pir"])
+@pytest.mark.parametrize("round_type", ["round", "adaround"])
+def test_a_quantized_lookup_table_runs_on_every_cpu_backend(tmp_path, family, round_type):
+    """The table is stored per row and dequantized after the lookup; dequantized whole before it, Paddle
+    Inference's oneDNN int8 passes refused the legacy model ("no kernels ... reduce_mean")."""
+    from qdemo.testing import EMBEDDING_INPUT_SPEC, TinyEmbeddingNet, save_tiny_net
+
+    paddle.seed(0)
+    net = TinyEmbeddingNet(vocab=500, dim=32)
+    net.eval()
+    kwargs = save_tiny_net(net, tmp_path / "float", family, EMBEDDING_INPUT_SPEC)
+    ids = np.random.default_rng(0).integers(0, 500, (32, 6)).astype("int64")
+    report = quant_post_static(None, tmp_path / "float", tmp_path / "q", **kwargs, round_type=round_type,
+                               batch_generator=lambda: iter([{"ids": ids[i:i + 8]} for i in range(0, 32, 8)]),
+                               quantizable_op_type=["lookup_table"], save_model_filename=None,
+                               save_params_filename=None)
+    (lookup,) = report["layers"]
+    assert "left_float" not in lookup and len(lookup["weight"]["thresholds"]) == 500  # one scale per row
+    files = find_model_files(tmp_path / "q")
+    graph = open_graph(load_model(files.directory))
+    (codes,) = [graph.get_param(n) for n in graph.param_names() if n.endswith(".quantized")]
+    assert codes.dtype == np.int8 and codes.shape == (500, 32)
+    simulated = load_model(files.directory).run({"ids": ids})[0]
+    float_out = load_model(tmp_path / "float").run({"ids": ids})[0]
+    assert np.abs(simulated - float_out).max() < 0.01 * np.abs(float_out).max()
+    backends = ["native", "onednn"] + (["openvino"] if family != "pir" else [])
+    for backend in backends:
+        deployed = predict(files, {"ids": ids}, backend=backend)[0]
+        np.testing.assert_allclose(deployed, simulated, atol=1e-6, err_msg=backend)

@@ -121,8 +121,10 @@ class DeployTarget(ABC):
     #: seed op types the runtime cannot run well in int8, with the reason (measured where the text says so)
     float_ops: ClassVar[Mapping[str, str]] = {}
     #: seed op types whose table the runtime reads as 8-bit codes with a scale per row, dequantized after the
-    #: lookup (size, not speed: the lookup itself is a gather)
-    weight_only_ops: ClassVar[frozenset[str]] = frozenset()
+    #: lookup (size, not speed: the lookup itself is a gather). Every runtime here runs that form; a table
+    #: dequantized whole before the lookup made Paddle Inference's oneDNN int8 passes fail ("no kernels ...
+    #: reduce_mean") on a legacy model
+    weight_only_ops: ClassVar[frozenset[str]] = frozenset({"lookup_table"})
     #: IR families whose QDQ the runtime runs with int8 kernels; others run the simulation in float
     int8_families: ClassVar[tuple[str, ...]]
     #: seed op types whose int8 weight is read through cast -> multiply instead of ``dequantize_linear``

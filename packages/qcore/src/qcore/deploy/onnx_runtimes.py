@@ -57,8 +57,6 @@ class OnnxTarget(DeployTarget):
     """A runtime reading the exported ONNX file. Subclasses say how to load it."""
 
     int8_ops = ONNX_INT8_OPS
-    # a Gather on the int8 table, then Cast and Mul by the gathered rows' scales (the export keeps them int8)
-    weight_only_ops = frozenset({"lookup_table"})
     float_ops = {"conv2d_transpose": TRANSPOSED_CONV_PROBLEM}
     int8_families = ("legacy", "pir")  # both reach the runtime through the export
     residual_adds = "both"

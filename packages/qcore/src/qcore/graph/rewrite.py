@@ -71,15 +71,15 @@ def quantize_op(
     weight through cast -> multiply and ``weight_max_code`` bounds its codes (:meth:`Graph.quantize_weight`).
     ``act_offsets`` (keyed like ``act_thresholds``) shift activations onto asymmetric grids
     (:meth:`Graph.insert_act_qdq`'s ``offset``), deployed as zero points when ``zero_points``.
-    ``lookup_rows`` stores a lookup's table as 8-bit codes with one scale per row and dequantizes only the
-    rows it looks up (:meth:`Graph.quantize_lookup`): a weight-only table, a quarter of the size.
+    ``lookup_rows`` stores a lookup's table as int8 codes (``weight_bits`` <= 8) with one scale per row and
+    dequantizes only the rows it looks up (:meth:`Graph.quantize_lookup`): a weight-only table.
     """
     result = OpQuantization()
     activations = graph.activation_operands(op)
     weight = graph.weight_operand(op)
     if weight is not None and lookup_rows:
-        if weight_bits != 8:
-            raise GraphError(f"{op!r}: lookup tables are stored with 8-bit codes; use weight_bits=8")
+        if weight_bits > 8:
+            raise GraphError(f"{op!r}: lookup tables are stored as int8 codes; use weight_bits <= 8")
         table = graph.get_param(weight.name) if weight_value is None else weight_value
         rows = np.asarray(abs_max(table, axis=0), np.float64)
         thresholds = np.where(rows > 0, rows, 1.0)  # an all-zero row keeps code 0 at any scale
