@@ -187,3 +187,26 @@ def test_a_target_leaving_most_layers_float_says_so_in_one_line(tmp_path, caplog
     report = quant_post_static(None, tmp_path / "mlp", tmp_path / "openvino", batch_generator=lambda: iter(batches),
                                algo="hist", quantizable_op_type=["mul"], deploy_backend="openvino")
     assert "float_layers" not in report
+
+
+def test_auto_takes_the_asymmetric_grid_per_activation_where_it_divides_the_error(tmp_path):
+    from qcore.quant import asymmetric_range
+    from qptq.auto import ASYMMETRIC_GAIN, choose_thresholds
+
+    directory, _ = _block(tmp_path, "pir")
+    graph = open_graph(load_model(directory))
+    targets = Deployment("native").targets(graph, ["mul"]).ops
+    down = next(t for t in targets if graph.get_param(t.weight.name).shape[0] == 4 * DIM)
+    name = down.activations[0].name
+    rng = np.random.default_rng(0)
+    for lo, expected in ((-0.1, "asymmetric"), (-1.0, None)):  # mostly positive: asymmetric; symmetric: as it is
+        x = rng.uniform(lo, 1.0, (8, TOKENS, 4 * DIM)).astype(np.float32)
+        candidates = {name: {"abs_max": 1.0}}
+        choices = choose_thresholds(graph, [down], candidates, {name: [x]}, 8, grid=lambda n, t: (t, 0.0),
+                                    alternative=lambda n, t, lo=lo: asymmetric_range(t, lo, 1.0, 8))
+        choice = choices[name]
+        assert choice.grid == expected
+        if expected:
+            assert choice.alternative_errors["abs_max"] * ASYMMETRIC_GAIN <= choice.errors["abs_max"]
+        else:
+            assert choice.alternative_errors is None  # the asymmetric grid is the symmetric one: not scored

@@ -12,6 +12,7 @@ The lowest total wins; ties go to the first algorithm in :data:`qcore.thresholds
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +40,14 @@ class AutoChoice:
 
     algo: str
     errors: dict[str, float]
+    #: "asymmetric" where the asymmetric grid of ``alternative`` won, with its errors; None: the run's grid
+    grid: str | None = None
+    alternative_errors: dict[str, float] | None = None
+
+
+#: An asymmetric grid replaces the run's grid for one activation only where it divides the layer output error by
+#: at least this much: a zero point on a tensor reaching both signs costs a runtime a compensation term.
+ASYMMETRIC_GAIN = 1.5
 
 
 def choose_thresholds(
@@ -48,11 +57,14 @@ def choose_thresholds(
     samples: dict[str, list[np.ndarray]],
     bits: int,
     grid: Grid | None = None,
+    alternative: Grid | None = None,
 ) -> dict[str, AutoChoice]:
     """Add ``"auto"`` to ``candidates[name]`` for every activation with samples; returns the choices.
 
     ``grid(name, threshold)`` gives the ``(threshold, offset)`` an activation deploys with (an
-    asymmetric grid, :func:`qcore.quant.asymmetric_range`); by default the symmetric one.
+    asymmetric grid, :func:`qcore.quant.asymmetric_range`); by default the symmetric one. ``alternative``
+    (the asymmetric grid, for runs whose grid is symmetric for tensors reaching both signs) is scored too and
+    wins an activation where it divides the error by :data:`ASYMMETRIC_GAIN`.
     """
     readers: dict[str, list[OpTarget]] = {}
     for target in targets:
@@ -69,25 +81,49 @@ def choose_thresholds(
             if all(kind_of(t.op.seed_type) is FC for t in readers[name]):  # rows are independent: bound the time
                 stacks = [first_rows(x, SCORED_ROWS) for x in stacks]
             references = [[layer.run(x) if layer else x for layer in layers] for x in stacks]
-            errors: dict[str, float] = {}
-            by_threshold: dict[float, float] = {}
-            for algo in (a for a in ALGOS if a in algos):
-                t = algos[algo]
-                if t <= 0:
-                    continue
-                if t not in by_threshold:
-                    by_threshold[t] = 0.0
-                    for x, refs in zip(stacks, references):
-                        xq = fake_quantize_grid(x, *(grid(name, t) if grid else (t, 0.0)), bits)
-                        outputs = [layer.run(xq) if layer else xq for layer in layers]
-                        by_threshold[t] += sum(squared_relative_error(y, r) for y, r in zip(outputs, refs))
-                errors[algo] = by_threshold[t]
+
+            replays = _Replays(stacks, references, layers, bits)
+            errors = replays.errors(algos, functools.partial(grid, name) if grid else lambda t: (t, 0.0))
             if not errors:
                 continue
             best = min(errors, key=lambda a: errors[a])  # dicts keep ALGOS order: ties go to the first
-            algos[AUTO] = algos[best]
-            choices[name] = AutoChoice(best, errors)
+            choice = AutoChoice(best, errors)
+            differs = grid is not None and alternative is not None and alternative(name, algos[best]) != grid(
+                name, algos[best])
+            if differs:
+                other = replays.errors(algos, functools.partial(alternative, name))
+                best_other = min(other, key=lambda a: other[a])
+                if other[best_other] * ASYMMETRIC_GAIN <= errors[best]:
+                    choice = AutoChoice(best_other, errors, "asymmetric", other)
+            algos[AUTO] = algos[choice.algo]
+            choices[name] = choice
     return choices
+
+
+class _Replays:
+    """The readers of one activation replayed on its kept samples, fake-quantized on candidate grids."""
+
+    def __init__(self, stacks: list[np.ndarray], references: list[list[np.ndarray]], layers: list[_Layer | None],
+                 bits: int) -> None:
+        self.stacks, self.references, self.layers, self.bits = stacks, references, layers, bits
+        self.by_grid: dict[tuple[float, float], float] = {}
+
+    def errors(self, algos: dict[str, float], on_grid: Callable[[float], tuple[float, float]]) -> dict[str, float]:
+        """Each algo's summed relative output error with its threshold on ``on_grid(threshold)``."""
+        errors: dict[str, float] = {}
+        for algo in (a for a in ALGOS if a in algos):
+            t = algos[algo]
+            if t <= 0:
+                continue
+            key = on_grid(t)
+            if key not in self.by_grid:
+                self.by_grid[key] = 0.0
+                for x, refs in zip(self.stacks, self.references):
+                    xq = fake_quantize_grid(x, *key, self.bits)
+                    outputs = [layer.run(xq) if layer else xq for layer in self.layers]
+                    self.by_grid[key] += sum(squared_relative_error(y, r) for y, r in zip(outputs, refs))
+            errors[algo] = self.by_grid[key]
+        return errors
 
 
 def fake_quantize_grid(x: np.ndarray, threshold: float, offset: float, bits: int) -> np.ndarray:

@@ -149,8 +149,12 @@ class PostTrainingQuantization:
             name: thresholds_all_algos(obs, self.activation_bits, self.hist_percent)
             for name, obs in calibration.observers.items()
         }
+        # where the run's grid is symmetric for signed tensors, auto also tries the asymmetric grid per activation
+        alternative = (functools.partial(self._grid, calibration, grids="asymmetric")
+                       if self.grids == "unsigned" and self.deployment.target.asymmetric_activations else None)
         self._auto = (choose_thresholds(graph, targets, candidates, calibration.activation_samples,
-                                        self.activation_bits, functools.partial(self._grid, calibration))
+                                        self.activation_bits, functools.partial(self._grid, calibration),
+                                        alternative)
                       if self.algo == AUTO else {})
         self._rounded = self._adaround(graph, targets, calibration) if self.round_type == "adaround" else {}
         calibration.activation_samples.clear()
@@ -312,13 +316,17 @@ class PostTrainingQuantization:
                 "batches": calibration.batches, "samples": calibration.samples, "layers": layers,
                 **done.rewrites}
 
-    def _grid(self, calibration: Calibration, name: str, threshold: float) -> tuple[float, float]:
-        """The ``(threshold, offset)`` activation ``name`` deploys with (:meth:`Deployment.activation_grid`);
-        symmetric grids need no calibrated range (oneDNN's shared scales reach tensors not calibrated)."""
-        if self.grids == "symmetric":
+    def _grid(self, calibration: Calibration, name: str, threshold: float, grids: str | None = None
+              ) -> tuple[float, float]:
+        """The ``(threshold, offset)`` activation ``name`` deploys with (:meth:`Deployment.activation_grid`) on
+        ``grids`` (default: ``auto``'s choice for it, else the run's); symmetric grids need no calibrated range
+        (oneDNN's shared scales reach tensors not calibrated)."""
+        choice = self._auto.get(name)
+        grids = grids or (choice.grid if choice is not None and choice.grid else self.grids)
+        if grids == "symmetric":
             return threshold, 0.0
         seen = calibration.observers[name]
-        return self.deployment.activation_grid(self.grids, threshold, seen.min, seen.max)
+        return self.deployment.activation_grid(grids, threshold, seen.min, seen.max)
 
     def _layer_report(self, graph: Graph, applied: Applied, candidates: dict[str, dict[str, float]],
                       chosen: dict[str, float], shared: dict[str, float], grids: dict[str, tuple[float, float]],
@@ -350,6 +358,10 @@ class PostTrainingQuantization:
                 choice = self._auto[operand.name]
                 info["auto"] = {"algo": choice.algo, "layer_output_error": {
                     k: float(f"{v:.6g}") for k, v in choice.errors.items()}}
+                if choice.alternative_errors is not None:  # the asymmetric grid won this activation
+                    info["auto"]["grid"] = choice.grid
+                    info["auto"]["layer_output_error_asymmetric"] = {
+                        k: float(f"{v:.6g}") for k, v in choice.alternative_errors.items()}
             if shared[operand.name] != chosen[operand.name]:
                 info["own_threshold"] = chosen[operand.name]  # oneDNN runs it with another tensor's scale
             if info["threshold"] <= 0:
