@@ -121,7 +121,11 @@ def test_a_rank_that_dies_stops_the_others_without_output(tmp_path):
     proc, out, ranks = launch(tmp_path, "dies")
     assert proc.returncode != 0
     rank0_log = (tmp_path / "logs" / "workerlog.0").read_text()  # complete even if the launcher stopped echoing it
-    assert "DistributedError: rank 0: exchanging calibration statistics with the other 1 rank(s) failed" in rank0_log
-    assert "nothing was written" in rank0_log
+    # rank 0 either reaches the exchange and fails it in one line, or (a race on a loaded machine, seen in CI) the
+    # launcher, which saw rank 1 exit, terminates it first; either way nothing is written
+    if "SIGTERM" not in rank0_log:
+        assert "DistributedError: rank 0: exchanging calibration statistics with the other 1 rank(s) failed" \
+            in rank0_log
+        assert "nothing was written" in rank0_log
     assert ranks == [None, None]
     assert not (out / "dies").exists() or not any((out / "dies").iterdir())
