@@ -251,3 +251,14 @@ def test_a_failed_verification_keeps_the_model_and_says_so(demo_arrays, tmp_path
                    "predictor crashed"]
     assert find_model_files(tmp_path / "int8").model_file.is_file()
     assert json.loads((tmp_path / "int8.report.json").read_text())["verification_failed"] == "predictor crashed"
+
+
+def test_an_unwritable_openvino_cache_is_refused_before_any_work(demo_arrays, tmp_path, capsys, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the cache's parent directory should be
+    monkeypatch.setenv("QCORE_OPENVINO_CACHE", str(blocker / "cache"))
+    assert main(["ptq", "static", str(demo_model_dir("legacy")), str(tmp_path / "int8"), "--data",
+                 str(demo_arrays / "calib.npy"), "--backend", "openvino"]) == 6
+    err = capsys.readouterr().err
+    assert f"OpenVINO's compiled-model cache {blocker / 'cache'} cannot be created" in err
+    assert "$QCORE_OPENVINO_CACHE" in err and not (tmp_path / "int8").exists()

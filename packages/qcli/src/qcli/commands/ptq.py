@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from qcore.config import ROUND_TYPES
-from qcore.deploy import BACKEND_NAMES
+from qcore.deploy import BACKEND_NAMES, get_target
 from qcore.deploy.verify import markdown_table, verify
 from qcore.errors import ConfigError, DataError, OutputError
 from qcore.inference import agreement, create_predictor, deployed_outputs, executor_outputs, interleaved_latency, top1
@@ -151,6 +151,10 @@ def _check_paths(args: argparse.Namespace) -> None:
     for option, path in (("--eval-data", args.eval_data), ("--eval-labels", getattr(args, "eval_labels", None))):
         if path is not None and not Path(path).is_file():
             raise DataError(f"{option} {path}: no such file; give a .npy array of samples")
+    for backend in [args.backend] if args.backend else CPU_BACKENDS:  # the runtimes the run is verified on
+        problem = get_target(backend).files_problem()
+        if problem is not None:
+            raise OutputError(f"--backend {backend}: {problem}")
     html = getattr(args, "report_html", None)
     if html is not None and (not html.parent.is_dir() or html.is_dir()):
         raise OutputError(f"--report-html {html}: directory {html.parent} does not exist or the path is a "

@@ -210,6 +210,11 @@ class DeployTarget(ABC):
         """Why this runtime cannot run on this machine / Paddle build, or None."""
         return None
 
+    def files_problem(self) -> str | None:
+        """Why the files the runtime writes while it runs (a compiled-model cache) cannot be written, or None;
+        callers check it before any work."""
+        return None
+
     def own_predictor(self, files: Any, threads: int) -> Any | None:
         """A predictor from the runtime's own API for ``files`` (:class:`~qcore.model_io.ModelFiles` or an
         ``.onnx`` path), or None where it runs in ``paddle.inference`` (:meth:`configure`)."""

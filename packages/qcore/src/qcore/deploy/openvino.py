@@ -38,6 +38,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import OutputError
 from ..optable import CONV_TYPES
 from .base import DeployTarget, ModelRules, OpTarget
 from .onednn import Dataflow, fused_residual_inputs
@@ -134,14 +135,24 @@ class OpenVinoTarget(DeployTarget):
                     "Paddle's own float kernels; quantize a legacy (.pdmodel) model for OpenVINO")
         return None
 
+    def files_problem(self) -> str | None:
+        cache = cache_dir()
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            return (f"OpenVINO's compiled-model cache {cache} cannot be created ({error.strerror}); set "
+                    "$QCORE_OPENVINO_CACHE to a writable directory")
+        return None
+
     def configure(self, config: inference.Config, threads: int) -> None:
         from paddle import inference
 
         config.disable_gpu()
         config.set_cpu_math_library_num_threads(threads)
-        cache = cache_dir()
-        cache.mkdir(parents=True, exist_ok=True)  # Paddle creates only the last level
-        config.set_optim_cache_dir(str(cache))
+        problem = self.files_problem()  # Paddle creates only the last level of the cache directory
+        if problem is not None:
+            raise OutputError(problem)
+        config.set_optim_cache_dir(str(cache_dir()))
         config.enable_openvino_engine(inference.PrecisionType.Float32)
 
 
