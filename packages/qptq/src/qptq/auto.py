@@ -128,10 +128,11 @@ class _Replays:
 
 def fake_quantize_grid(x: np.ndarray, threshold: float, offset: float, bits: int) -> np.ndarray:
     """:func:`qcore.quant.fake_quantize` of ``x - offset``, plus ``offset``, in float32 (the replayed
-    layers run in float32 anyway)."""
+    layers run in float32 anyway). A shifted grid has all ``2 ** bits`` codes (its zero point is a code of the
+    type: :func:`qcore.quant.unsigned_range` puts 0 on ``-qmax - 1``), a symmetric one ``-qmax..qmax``."""
     top = qmax(bits)
     scale, shift = np.float32(threshold / top), np.float32(offset)
-    return np.clip(np.rint((x - shift) / scale), -top, top) * scale + shift
+    return np.clip(np.rint((x - shift) / scale), -top - (1 if offset else 0), top) * scale + shift
 
 
 def squared_relative_error(y: np.ndarray, reference: np.ndarray) -> float:
