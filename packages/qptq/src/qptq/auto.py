@@ -77,7 +77,7 @@ def choose_thresholds(
             if not kept:
                 continue
             stacks = stacked_by_shape(kept)
-            layers = [_Layer(graph, t) if replayable(graph, t.op) else None for t in readers[name]]
+            layers = [ReplayedLayer(graph, t) if replayable(graph, t.op) else None for t in readers[name]]
             if all(kind_of(t.op.seed_type) is FC for t in readers[name]):  # rows are independent: bound the time
                 stacks = [first_rows(x, SCORED_ROWS) for x in stacks]
             references = [[layer.run(x) if layer else x for layer in layers] for x in stacks]
@@ -103,7 +103,7 @@ def choose_thresholds(
 class _Replays:
     """The readers of one activation replayed on its kept samples, fake-quantized on candidate grids."""
 
-    def __init__(self, stacks: list[np.ndarray], references: list[list[np.ndarray]], layers: list[_Layer | None],
+    def __init__(self, stacks: list[np.ndarray], references: list[list[np.ndarray]], layers: list[ReplayedLayer | None],
                  bits: int) -> None:
         self.stacks, self.references, self.layers, self.bits = stacks, references, layers, bits
         self.by_grid: dict[tuple[float, float], float] = {}
@@ -144,13 +144,16 @@ def squared_relative_error(y: np.ndarray, reference: np.ndarray) -> float:
     return diff / norm if norm > 0 else diff
 
 
-class _Layer:
-    """One weighted reader of an activation, replayed eagerly with its float weight."""
+class ReplayedLayer:
+    """One weighted reader of an activation, replayed eagerly with its float weight (or another one)."""
 
     def __init__(self, graph: Graph, target: OpTarget) -> None:
         assert target.weight is not None
         self.replay = LayerReplay(graph, target.op)
-        self.weight = paddle.to_tensor(graph.get_param(target.weight.name))
+        self.weight = graph.get_param(target.weight.name).astype(np.float32)
+        self._weight_tensor = paddle.to_tensor(self.weight)
 
-    def run(self, x: np.ndarray) -> np.ndarray:
-        return self.replay(paddle.to_tensor(x), self.weight).numpy()
+    def run(self, x: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
+        """The layer's output for ``x``, with ``weight`` in place of its own when given."""
+        w = self._weight_tensor if weight is None else paddle.to_tensor(np.asarray(weight, np.float32))
+        return self.replay(paddle.to_tensor(x), w).numpy()

@@ -24,14 +24,14 @@ import paddle
 
 from qcore.deploy import OpTarget
 from qcore.graph import Graph
-from qcore.graph.replay import LayerReplay, replayable
+from qcore.graph.replay import replayable
 from qcore.observers import HistogramObserver
 from qcore.optable import FC, kind_of
 from qcore.paddle_env import eager_mode
 from qcore.quant import fake_quantize
 from qcore.thresholds import search_threshold
 
-from .auto import fake_quantize_grid, squared_relative_error
+from .auto import ReplayedLayer, fake_quantize_grid, squared_relative_error
 from .calibrate import SCORED_ROWS, first_rows, stacked_by_shape
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def choose_smoothing(
             stacks = stacked_by_shape(kept)  # scored on the largest stack, channel maxima from all
             x = first_rows(stacks[0], SCORED_ROWS)
             layers = [_Reader(graph, t) for t in readers]
-            references = [layer.run(x, layer.weight) for layer in layers]
+            references = [layer.run(x) for layer in layers]
             x_max = np.max([np.abs(s.reshape(-1, s.shape[-1])).max(0) for s in stacks], axis=0)
             w_max = np.max([layer.row_max() for layer in layers], axis=0)
             errors: dict[str, float] = {}
@@ -146,13 +146,11 @@ def _error(x: np.ndarray, s: np.ndarray | None, layers: list[_Reader], reference
     return float(best)
 
 
-class _Reader:
+class _Reader(ReplayedLayer):
     """One matmul reading the activation, replayed eagerly; its weight rows are the input channels."""
 
     def __init__(self, graph: Graph, target: OpTarget) -> None:
-        assert target.weight is not None
-        self.replay = LayerReplay(graph, target.op)
-        self.weight = graph.get_param(target.weight.name).astype(np.float32)
+        super().__init__(graph, target)
         self.out_axis = graph.weight_channel_axis(target.op) or 0  # 1: [in, out]; 0: transposed [out, in]
         self.in_axis = 1 - self.out_axis
 
@@ -163,6 +161,3 @@ class _Reader:
         """``s W`` (rows scaled) fake-quantized per output channel at its abs max."""
         w = self.weight if s is None else self.weight * np.expand_dims(s, self.out_axis)
         return fake_quantize(w, np.maximum(np.abs(w).max(axis=self.in_axis), 1e-12), bits, axis=self.out_axis)
-
-    def run(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        return self.replay(paddle.to_tensor(x), paddle.to_tensor(np.asarray(w, np.float32))).numpy()

@@ -119,7 +119,6 @@ class PostTrainingQuantization:
         self._auto: dict[str, AutoChoice] = {}
         self._rounded: dict[int, AdaRounded] = {}
         self._smoothing: list[Smoothing] = []
-        self._float_summary: str | None = None
 
     def __getattr__(self, name: str) -> Any:
         """A setting of :attr:`config` (``ptq.algo``, ``ptq.weight_bits``, ``ptq.deployment``, ...)."""
@@ -166,11 +165,10 @@ class PostTrainingQuantization:
         if budget_report is not None:
             self.report["budget"] = budget_report
         if self._smoothing:
-            self.report["smoothing"] = {c.activation: {"alpha": c.alpha, "layer_output_error": {
-                k: float(f"{v:.6g}") for k, v in c.errors.items()}} for c in self._smoothing}
-        if self._float_summary:
-            self.report["float_layers"] = self._float_summary
-            log.warning("%s", self._float_summary)
+            self.report["smoothing"] = {c.activation: {"alpha": c.alpha, "layer_output_error": _report_errors(c.errors)}
+                                        for c in self._smoothing}
+        if "float_layers" in self.report:
+            log.warning("%s", self.report["float_layers"])
         self.report["calibration_seconds"] = round(time.perf_counter() - start, 3)
         self.graph = graph
         return graph.model.program
@@ -303,7 +301,7 @@ class PostTrainingQuantization:
             ]  # fmt: skip
 
         done = self.deployment.rewrite(graph, targets, chosen, plan)
-        self._float_summary = self.deployment.float_summary(done.applied, graph.family)
+        float_summary = self.deployment.float_summary(done.applied, graph.family)
         layers = [self._layer_report(graph, a, candidates, chosen, done.thresholds, grids, done.unsigned, calibration)
                   for a in done.applied]
         for i, rounded in self._rounded.items():
@@ -314,7 +312,7 @@ class PostTrainingQuantization:
         return {"algo": self.algo, "deploy_backend": self.deployment.name,
                 "weight_max_code": self.deployment.weight_max_code(graph.family),
                 "batches": calibration.batches, "samples": calibration.samples, "layers": layers,
-                **done.rewrites}
+                **done.rewrites, **({"float_layers": float_summary} if float_summary else {})}
 
     def _grid(self, calibration: Calibration, name: str, threshold: float, grids: str | None = None
               ) -> tuple[float, float]:
@@ -356,12 +354,10 @@ class PostTrainingQuantization:
                 info["unsigned"] = True  # oneDNN runs it as u8; the simulation does too
             if operand.name in self._auto:
                 choice = self._auto[operand.name]
-                info["auto"] = {"algo": choice.algo, "layer_output_error": {
-                    k: float(f"{v:.6g}") for k, v in choice.errors.items()}}
+                info["auto"] = {"algo": choice.algo, "layer_output_error": _report_errors(choice.errors)}
                 if choice.alternative_errors is not None:  # the asymmetric grid won this activation
                     info["auto"]["grid"] = choice.grid
-                    info["auto"]["layer_output_error_asymmetric"] = {
-                        k: float(f"{v:.6g}") for k, v in choice.alternative_errors.items()}
+                    info["auto"]["layer_output_error_asymmetric"] = _report_errors(choice.alternative_errors)
             if shared[operand.name] != chosen[operand.name]:
                 info["own_threshold"] = chosen[operand.name]  # oneDNN runs it with another tensor's scale
             if info["threshold"] <= 0:
@@ -395,6 +391,11 @@ class PostTrainingQuantization:
             return files
 
         return on_rank0(write, f"the quantized model to {save_model_path}", enabled=self.distributed)
+
+
+def _report_errors(errors: Mapping[str, float]) -> dict[str, float]:
+    """Layer output errors as the report shows them: six significant digits."""
+    return {k: float(f"{v:.6g}") for k, v in errors.items()}
 
 
 def _jsonable(value: Any) -> Any:

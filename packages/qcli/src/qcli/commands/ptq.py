@@ -151,7 +151,7 @@ def _check_paths(args: argparse.Namespace) -> None:
     for option, path in (("--eval-data", args.eval_data), ("--eval-labels", getattr(args, "eval_labels", None))):
         if path is not None and not Path(path).is_file():
             raise DataError(f"{option} {path}: no such file; give a .npy array of samples")
-    for backend in [args.backend] if args.backend else CPU_BACKENDS:  # the runtimes the run is verified on
+    for backend in _verified_backends(args):
         problem = get_target(backend).files_problem()
         if problem is not None:
             raise OutputError(f"--backend {backend}: {problem}")
@@ -159,6 +159,11 @@ def _check_paths(args: argparse.Namespace) -> None:
     if html is not None and (not html.parent.is_dir() or html.is_dir()):
         raise OutputError(f"--report-html {html}: directory {html.parent} does not exist or the path is a "
                           "directory; give a file path in an existing directory")
+
+
+def _verified_backends(args: argparse.Namespace) -> list[str]:
+    """The runtimes a run is verified on: ``--backend``, else every CPU backend."""
+    return [args.backend] if args.backend else list(CPU_BACKENDS)
 
 
 def _report_path(args: argparse.Namespace) -> Path:
@@ -192,7 +197,7 @@ def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, repor
             report["accuracy"] = _accuracy(source, out, args.eval_data, args.eval_labels, args.backend)
         feed, report["verified_on"] = _verification_feed(args, source, samples)
         if feed is not None:
-            report["verified"] = verify(source, out, feed, [args.backend] if args.backend else CPU_BACKENDS)
+            report["verified"] = verify(source, out, feed, _verified_backends(args))
     except Exception as exc:  # the model is written and stays: say so in one line, with the documented status
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         report["verification_failed"] = first

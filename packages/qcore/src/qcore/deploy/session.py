@@ -11,7 +11,6 @@ names a concrete target.
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,8 +25,6 @@ from .registry import get_target
 if TYPE_CHECKING:
     from ..graph import Graph, OpRef
     from ..model_io import ModelFiles
-
-log = logging.getLogger(__name__)
 
 #: Backends :meth:`Deployment.float_summary` may suggest, in order (their rules are data, not graph-dependent).
 SUGGESTED_TARGETS = ("openvino", "openvino-runtime", "onnxruntime")
@@ -215,7 +212,7 @@ class Deployment:
         return (f"{len(kept)} of {len(weighted)} weighted layers stay float for {self.target.name} "
                 f"(mostly: {reason}){hint}")
 
-    def save(self, graph: Graph, directory: Any, model_filename: str, params_filename: str) -> ModelFiles:
+    def save(self, graph: Graph, directory: Any, model_filename: str, params_filename: str | None) -> ModelFiles:
         """Write the quantized model atomically, with the files the runtime reads beside it (an ONNX export)."""
         return graph.save(directory, model_filename, params_filename,
                           extra_files=self.target.companion_files(graph.model))

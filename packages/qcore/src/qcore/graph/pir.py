@@ -312,10 +312,9 @@ class PirGraph(Graph):
             if shifts is not None:  # x - offset -> QDQ -> + offset: the grid's zero point is -offset / step
                 offset = float(shifts[1].attrs()["bias"])
                 self._replace_result(shifts[1], marker)
-                self._replace_result(op, marker)
+            self._replace_result(op, marker)
+            if shifts is not None:  # the shift before the pair, read by nothing now
                 self.block.remove_op(shifts[0])
-            else:
-                self._replace_result(op, marker)
             markers.append((marker.get_defining_op(), ActivationGrid(step, -round(offset / step), -top - 1, top)))
         for name in [n for n in self.param_names() if self.get_param(n).dtype.kind == "i"]:
             weights.extend(self._float_weight(self._param_value(name).get_defining_op()))
