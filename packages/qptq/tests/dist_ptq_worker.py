@@ -31,7 +31,7 @@ def thresholds(report):
 def run(out: Path, rank: int, name: str, images, family="pir", **kwargs) -> dict:
     try:
         report = quant_post_static(None, demo_model_dir(family), out / name, sample_generator=samples(images),
-                                   batch_size=10, save_model_filename=None, save_params_filename=None, **kwargs)
+                                   save_model_filename=None, save_params_filename=None, **{"batch_size": 10, **kwargs})
     except QuantError as exc:
         return {"error": f"{type(exc).__name__}: {exc}", "written": sorted(os.listdir(out / name))
                 if (out / name).exists() else []}
@@ -58,6 +58,9 @@ def main() -> None:
         if rank == 1:
             bad[15, 0, 3, 3] = float("nan")  # rank 1's second batch holds a NaN
         seen["bad"] = run(out, rank, "bad", bad, algo="KL")
+    elif scenario == "uneven":  # shards that split a batch: rank 0 ends on a short one
+        shard = calib[:28] if rank == 0 else calib[28:64]
+        seen["uneven"] = run(out, rank, "uneven", shard, family="legacy", algo="abs_max", batch_size=8)
     elif scenario == "dies":
         def dying():
             for i, img in enumerate(mine):

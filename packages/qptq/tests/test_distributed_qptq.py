@@ -67,6 +67,21 @@ def test_sharded_equals_single_process_on_the_union(main_run, case):
     assert not any(p.name.startswith("rank1") for p in (out / case).iterdir())
 
 
+@pytest.mark.parametrize("launch_no", range(3))
+def test_sharded_abs_max_writes_single_process_bytes_every_launch(tmp_path, launch_no):
+    """Repeated launches, shards that split a batch, legacy model: the same bytes as one process every time."""
+    proc, out, (rank0, rank1) = launch(tmp_path, "uneven")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    calib, _ = load_demo_data("calib")
+    report = quant_post_static(None, demo_model_dir("legacy"), tmp_path / "single", batch_size=8, algo="abs_max",
+                               sample_generator=lambda: ((i,) for i in calib[:64]),
+                               save_model_filename=None, save_params_filename=None)
+    assert rank0["uneven"]["thresholds"] == rank1["uneven"]["thresholds"]
+    assert rank0["uneven"]["samples"] == 64 and rank0["uneven"]["batches"] == 9  # 4 + 5 batches, two short
+    assert files(out / "uneven") == files(tmp_path / "single")
+    assert report["samples"] == 64
+
+
 def test_every_histogram_algorithm_agrees_with_single_process(main_run):
     """The merged histogram is the single-process one: every histogram-read threshold matches too."""
     tmp, out, (rank0, _) = main_run

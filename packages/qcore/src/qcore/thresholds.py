@@ -197,7 +197,9 @@ def search_threshold(algo: str, hist: Any, bits: int = 8, **opts: Any) -> float:
     """Threshold chosen by ``algo`` (``abs_max``/``direct``, ``kl``, ``hist``, ``mse``, ``avg``, ``emd``; any case).
 
     Options: ``hist_percent`` for ``hist`` (default 0.99999); ``avg`` for ``avg`` (default: the
-    ``avg_abs_max`` attribute of ``hist``).
+    ``avg_abs_max`` attribute of ``hist``). ``abs_max`` of a ``HistogramObserver`` is its exact
+    ``max_abs``, which does not depend on the bin grid (so sharded calibration gives the
+    single-process value); of a bare ``(counts, bin_width)`` it is the last non-empty bin's edge.
     """
     name = canonical_algo(algo)
     extra = sorted(set(opts) - set(_OPTIONS.get(name, ())))
@@ -207,6 +209,8 @@ def search_threshold(algo: str, hist: Any, bits: int = 8, **opts: Any) -> float:
     if name == "avg":
         return _avg(opts["avg"] if "avg" in opts else getattr(hist, "avg_abs_max", None))
     c, w = _histogram(hist)
+    if name == "abs_max" and hasattr(hist, "max_abs"):  # exact, whatever grid the data arrived on
+        return float(hist.max_abs)
     return _FROM_HISTOGRAM[name](c, w, bits, **opts) if w > 0 else 0.0
 
 
