@@ -176,6 +176,20 @@ def test_the_overflow_fix_is_reported_and_bounds_every_stored_weight_code(every_
         assert _error(predict(files, {"x": x}, backend="openvino")[0], simulated) < 0.01
 
 
+def test_a_bad_overflow_fix_setting_is_refused_before_calibration(every_kind, tmp_path, monkeypatch):
+    monkeypatch.setenv("QCORE_OVERFLOW_FIX", "yes")
+    directory, x = every_kind
+    read = []
+
+    def samples():
+        read.append(1)
+        yield from ((row,) for row in x)
+
+    with pytest.raises(ConfigError, match="QCORE_OVERFLOW_FIX='yes': set it to 1"):
+        quant_post_static(None, directory / "float", tmp_path / "out", sample_generator=samples)
+    assert not read and not (tmp_path / "out").exists()  # no sample read, nothing written
+
+
 def test_auto_and_adaround_outputs_deploy_as_simulated_on_every_cpu_backend(every_kind):
     directory, x = every_kind
     float_out = load_model(directory / "float").run({"x": x})[0]

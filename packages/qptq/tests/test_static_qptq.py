@@ -9,6 +9,7 @@ from qcore.errors import ConfigError, DataError, GraphError, OutputError
 from qcore.graph import open_graph
 from qcore.inference import predict
 from qcore.model_io import find_model_files, load_model
+from qdemo import demo_model_dir
 from qptq import PostTrainingQuantization, quant_post, quant_post_static
 
 
@@ -194,3 +195,32 @@ def test_bad_outputs_and_widths_are_refused_before_calibration(tiny_model, tiny_
     report = quant_post_static(None, directory, tmp_path / "o4", sample_generator=samples, weight_bits=4,
                                deploy_backend="native", **kwargs)  # the explicit simulation-only opt-in
     assert report["deploy_backend"] == "native" and read
+
+
+def test_a_native_4bit_model_runs_as_simulated_on_a_plain_config_and_is_flagged_on_onednn_int8(demo_data, tmp_path):
+    """docs/safety.md: simulation-only models run as simulated on Paddle's float kernels; oneDNN's int8 passes
+    read their QDQ pairs as 8-bit and compute garbage, which qcore's predictor says before running."""
+    from paddle import inference
+
+    calib, x, y = demo_data
+    quant_post_static(None, demo_model_dir("legacy"), tmp_path / "w4", sample_generator=_samples(calib),
+                      batch_size=20, weight_bits=4, deploy_backend="native")
+    files = find_model_files(tmp_path / "w4")
+    simulated = load_model(files.directory).run({"image": x})[0]
+
+    def plain(int8: bool) -> np.ndarray:
+        config = inference.Config(str(files.model_file), str(files.params_file))
+        if int8:
+            config.enable_mkldnn()
+            config.enable_mkldnn_int8()
+        predictor = inference.create_predictor(config)
+        predictor.get_input_handle("image").copy_from_cpu(x)
+        predictor.run()
+        return predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
+
+    plain_float = plain(False)  # float kernels; a rounding tie may land one code away on a few rows
+    assert np.linalg.norm(plain_float - simulated) / np.linalg.norm(simulated) < 5e-3
+    assert (plain_float.argmax(1) == simulated.argmax(1)).mean() >= 0.99
+    assert (plain(True).argmax(1) == y).mean() < (simulated.argmax(1) == y).mean() - 0.3  # far off: not for int8
+    with pytest.warns(UserWarning, match="it was quantized for 'native'"):
+        predict(files, {"image": x[:4]}, backend="onednn")

@@ -238,11 +238,17 @@ def test_save_writes_next_to_the_users_files(tmp_path):
         qat.save_quantized_model(net, par / "inference", TINY_SPEC, family="pir")  # would sit beside the old one
 
 
-def test_widths_no_int8_kernel_runs_are_refused_before_the_export(tmp_path):
+def test_widths_no_int8_kernel_runs_are_refused_before_the_export(tmp_path, caplog):
     paddle.seed(0)
     net = TinyConvNet()
     qat = QAT({"weight_bits": 4})
     qat.quantize(net)
+    # said before training, not only at the export after it
+    assert "save_quantized_model(family='legacy') will refuse this model (weight_bits=4" in caplog.text
+    assert "family='pir'" not in caplog.text.split("will refuse")[0]
+    caplog.clear()
+    QAT().quantize(TinyConvNet())
+    assert "will refuse" not in caplog.text
     net.train()
     net(paddle.to_tensor(sample_input(4)))
     with pytest.raises(ConfigError, match="onednn runs legacy models with 8-bit weights .* deploy_backend='native'"):

@@ -89,7 +89,17 @@ class QAT:
                     setattr(parent, name, QuantedLayer(child, self.config, sync=self.distributed))
         if not quanted_layers(model):
             log.warning("no layer of %s found: nothing to quantize", sorted(wanted))
+        self._warn_refused_exports()
         return model
+
+    def _warn_refused_exports(self) -> None:
+        """Say before training which ``save_quantized_model`` families the default target will refuse."""
+        deployment = Deployment(None, weight_bits=self.config.weight_bits, activation_bits=self.config.activation_bits)
+        for family in FAMILIES:
+            problem = deployment.bits_problem(family)
+            if problem is not None:
+                log.warning("save_quantized_model(family=%r) will refuse this model (%s); export family='pir' or "
+                            "pass deploy_backend='native'", family, problem)
 
     def save_quantized_model(
         self,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..quant import asymmetric_range, unsigned_range
+from . import host
 from .apply import Applied, Planned, apply_rules
 from .base import DeployTarget, ModelRules, OpTarget, find_targets, mark_model
 from .registry import get_target
@@ -72,6 +73,8 @@ class Deployment:
         self.requested = deploy_backend is not None
         self.weight_bits = weight_bits
         self.activation_bits = activation_bits
+        if self.target.cpu_int8 and self.target.overflow_fix is None:
+            host.overflow_fix_default()  # a bad $QCORE_OVERFLOW_FIX fails here, before any calibration
 
     @property
     def name(self) -> str | None:
@@ -86,9 +89,14 @@ class Deployment:
         reason = self.target.accepts(model_file)
         if self.requested and reason is not None:
             raise ConfigError(f"deploy_backend={self.target.name!r}: {reason}{fix}")
-        problem = self.target.bits_problem(self.weight_bits, self.activation_bits, family)
+        problem = self.bits_problem(family)
         if problem is not None:
-            raise ConfigError(f"weight_bits={self.weight_bits}, activation_bits={self.activation_bits}: {problem}")
+            raise ConfigError(problem)
+
+    def bits_problem(self, family: str) -> str | None:
+        """Why the runtime cannot run this run's bit widths for ``family`` (one line), or None."""
+        problem = self.target.bits_problem(self.weight_bits, self.activation_bits, family)
+        return None if problem is None else f"weight_bits={self.weight_bits}, activation_bits={self.activation_bits}: {problem}"
 
     def grids(self, symmetric: bool | None) -> str:
         """The activation grids of ``activation_symmetric``: "symmetric", "asymmetric" or "unsigned"."""
