@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from qcore.errors import ModelFormatError, OutputError
 from qcore.inference import predict
 from qcore.model_io import find_model_files, load_model, save_model
+from qdemo.testing import EMBEDDING_INPUT_SPEC, TinyEmbeddingNet, save_tiny_net
 
 
 def test_every_format_loads_and_matches_float(tiny_model, tiny_net, tiny_input, tiny_reference):
@@ -117,3 +119,118 @@ def test_bad_paths_give_one_line_errors(tmp_path):
         (tmp_path / "two" / n).write_text("{}")
     with pytest.raises(ModelFormatError, match="several"):
         load_model(tmp_path / "two")
+
+
+@pytest.fixture(scope="module")
+def other_model(tmp_path_factory):
+    """A different net (an embedding lookup) saved as PIR and as a legacy .pdmodel: {format: directory}."""
+    root = tmp_path_factory.mktemp("other")
+    net = TinyEmbeddingNet()
+    for fmt in ("pir", "legacy_pdmodel"):
+        save_tiny_net(net, root / fmt, fmt, EMBEDDING_INPUT_SPEC)
+    return {fmt: root / fmt for fmt in ("pir", "legacy_pdmodel")}
+
+
+def _broken_copy(tiny_model, tmp_path):
+    """A copy of the tiny model's directory to break, and its load kwargs."""
+    directory, kwargs, fmt = tiny_model
+    copy = tmp_path / fmt
+    shutil.copytree(directory, copy)
+    return copy, kwargs
+
+
+#: The tiny net's parameters in the order Paddle stores them; linear_0.w_0 ([512, 10] float32) is
+#: the last and takes 20507 bytes (27 of header), starting at byte 980 of the params file.
+TINY_PARAMS = 9
+
+
+@pytest.mark.parametrize(
+    ("tiny_model", "params", "program"),
+    [
+        ("legacy_combined", "__params__", "__model__"),
+        ("legacy_pdmodel", "inference.pdiparams", "inference.pdmodel"),
+        ("pir", "inference.pdiparams", "inference.json"),
+    ],
+    indirect=["tiny_model"],
+)
+def test_truncated_params_name_the_parameter_that_does_not_fit(tiny_model, tmp_path, params, program):
+    copy, kwargs = _broken_copy(tiny_model, tmp_path)
+    whole = (copy / params).read_bytes()
+    for cut, problem in [
+        (2000, "parameter 'linear_0.w_0' needs 20507 bytes, 1020 left"),
+        (1000, "in the header of parameter 'linear_0.w_0' (20 bytes left)"),
+        (980, f"it ends after 8 of the {TINY_PARAMS} parameters {program} needs ('linear_0.w_0' is the first missing)"),
+    ]:
+        (copy / params).write_bytes(whole[:cut])
+        with pytest.raises(ModelFormatError) as info:
+            load_model(copy, **kwargs)
+        assert str(info.value).startswith(f"{copy / params} is truncated: {problem}")
+        assert str(info.value).endswith("; copy the params file again from where the model was saved")
+
+
+@pytest.mark.parametrize(
+    ("tiny_model", "params", "program"),
+    [("legacy_combined", "__params__", "__model__"), ("legacy_pdmodel", "inference.pdiparams", "inference.pdmodel")],
+    indirect=["tiny_model"],
+)
+def test_a_missing_params_file_is_named(tiny_model, tmp_path, params, program):
+    copy, kwargs = _broken_copy(tiny_model, tmp_path)
+    (copy / params).unlink()
+    with pytest.raises(ModelFormatError) as info:
+        load_model(copy)
+    assert str(info.value) == (
+        f"params file {copy / params} is missing: {program} needs {TINY_PARAMS} parameters and {copy} holds "
+        "neither that file nor one file per parameter; copy the params file saved with the program next to it"
+    )
+
+
+@pytest.mark.parametrize("tiny_model", ["legacy_separate"], indirect=True)
+def test_a_missing_parameter_file_is_named(tiny_model, tmp_path):
+    copy, kwargs = _broken_copy(tiny_model, tmp_path)
+    (copy / "conv2d_0.w_0").unlink()
+    with pytest.raises(ModelFormatError) as info:
+        load_model(copy, **kwargs)
+    assert str(info.value) == (
+        f"1 of the {TINY_PARAMS} parameter files __model__ needs is missing in {copy}: 'conv2d_0.w_0'; "
+        "copy the files saved with the program next to it"
+    )
+
+
+@pytest.mark.parametrize("tiny_model", ["legacy_pdmodel", "pir"], indirect=True)
+def test_params_of_another_model_name_the_first_parameter_that_differs(tiny_model, other_model, tmp_path):
+    copy, kwargs = _broken_copy(tiny_model, tmp_path)
+    fmt = tiny_model[2]
+    shutil.copy(other_model[fmt] / "inference.pdiparams", copy / "inference.pdiparams")
+    program = "inference.json" if fmt == "pir" else "inference.pdmodel"
+    with pytest.raises(ModelFormatError) as info:
+        load_model(copy, **kwargs)
+    assert str(info.value) == (
+        f"parameter 'batch_norm2d_0.b_0' in {copy / 'inference.pdiparams'} has shape [64, 16] (float32), "
+        f"{program} expects [8] (float32): the params file belongs to another model; "
+        "use the one saved with the program"
+    )
+
+
+@pytest.mark.parametrize("tiny_model", ["pir", "legacy_pdmodel"], indirect=True)
+def test_bytes_after_the_last_parameter_are_named(tiny_model, tmp_path):
+    copy, kwargs = _broken_copy(tiny_model, tmp_path)
+    params = copy / "inference.pdiparams"
+    params.write_bytes(params.read_bytes() + bytes(1024))
+    with pytest.raises(ModelFormatError) as info:
+        load_model(copy, **kwargs)
+    assert str(info.value) == (
+        f"{params} has 1024 bytes after the last of the program's {TINY_PARAMS} parameters "
+        "(is it from another model?); use the params file saved with the program"
+    )
+
+
+@pytest.mark.parametrize("tiny_model", ["legacy_pdmodel"], indirect=True)
+def test_a_legacy_program_under_a_json_name_is_named(tiny_model, tmp_path):
+    copy, kwargs = _broken_copy(tiny_model, tmp_path)
+    (copy / "inference.pdmodel").rename(copy / "inference.json")
+    with pytest.raises(ModelFormatError) as info:
+        load_model(copy)
+    assert str(info.value) == (
+        f"{copy / 'inference.json'} is a legacy ProgramDesc, not a PIR program: rename it to inference.pdmodel "
+        "(Paddle picks the IR from the suffix)"
+    )

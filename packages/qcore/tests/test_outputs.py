@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from qcore.errors import OutputError
-from qcore.model_io import find_model_files, load_model, save_model
-from qcore.outputs import STAGING_PREFIX, check_file_name, staged_output
+from qcore.inference import predict
+from qcore.model_io import ModelFiles, find_model_files, load_model, save_model
+from qcore.outputs import COMPLETE, STAGING_PREFIX, check_file_name, locked, repair, staged_output
 from qdemo.testing import make_tiny_net, save_tiny_net
 
 
@@ -128,7 +129,8 @@ KILLER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("kill_at", [-1, 0, 1])  # while staging, before the params are moved, before the program
+# os.replace calls of a save: 0 the staging's completion marker, 1 the params, 2 the program
+@pytest.mark.parametrize("kill_at", [-1, 0, 1, 2])  # while staging, at the marker, before the params, the program
 def test_a_run_killed_at_any_step_never_leaves_a_mixed_model(two_models, tmp_path, kill_at):
     (model0, ref0), (model1, ref1) = two_models[0]
     x = two_models[1]
@@ -136,17 +138,91 @@ def test_a_run_killed_at_any_step_never_leaves_a_mixed_model(two_models, tmp_pat
     save_model(model0, out)
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
-    run = subprocess.run([sys.executable, str(script), str(model1.source.directory), str(out), str(kill_at)],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, str(script), str(model1.source.directory), str(out), str(kill_at)],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 9, run.stderr
-    if kill_at < 0:
-        assert _runs_as(out, x, ref0)  # nothing moved yet: the old model is whole
+    staged = list(out.glob(STAGING_PREFIX + "*"))
+    assert len(staged) == 1  # the killed run's staging is left ...
+    if kill_at <= 0:
+        assert _runs_as(out, x, ref0)  # nothing moved yet: the old model is whole, the staging discarded
     else:
+        assert (staged[0] / COMPLETE).is_file()
         assert not (out / "inference.pdmodel").exists()  # the old program went before any new file landed
-    assert list(out.glob(STAGING_PREFIX + "*"))  # the killed run's staging is left ...
+        assert _runs_as(out, x, ref1)  # the next reader finished the moves
+    assert not list(out.glob(STAGING_PREFIX + "*"))  # ... and the next touch removes it
     save_model(model1, out)
-    assert not list(out.glob(STAGING_PREFIX + "*"))  # ... and the next writer removes it
     assert _runs_as(out, x, ref1)
+
+
+def _interrupt_the_moves(monkeypatch, model, out: Path) -> Path:
+    """Save ``model`` into ``out`` with the program's move failing, as a kill there would stop it."""
+    real, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == 3:  # the marker, the params, then the program
+            raise KeyboardInterrupt
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        save_model(model, out)
+    monkeypatch.undo()
+    (staging,) = out.glob(STAGING_PREFIX + "*")
+    assert (staging / COMPLETE).is_file() and (staging / "inference.pdmodel").is_file()
+    assert sorted(p.name for p in out.iterdir()) == [staging.name, "inference.pdiparams"]  # no loadable model
+    return staging
+
+
+@pytest.mark.parametrize("touch", ["load_model", "create_predictor", "writer"])
+def test_the_next_touch_finishes_an_interrupted_commit(two_models, tmp_path, monkeypatch, touch):
+    (model0, _), (model1, ref1) = two_models[0]
+    x = two_models[1]
+    out = tmp_path / "out"
+    save_model(model0, out)
+    _interrupt_the_moves(monkeypatch, model1, out)
+    if touch == "load_model":
+        np.testing.assert_allclose(load_model(out).run({"x": x})[0], ref1, atol=1e-6)
+    elif touch == "create_predictor":
+        files = ModelFiles(out / "inference.pdmodel", out / "inference.pdiparams", "legacy")
+        np.testing.assert_allclose(predict(files, {"x": x}, backend="native")[0], ref1, atol=1e-4)
+    else:
+        with staged_output(out) as staging:
+            (staging / "notes.txt").write_text("another output")
+        assert (out / "notes.txt").read_text() == "another output"
+        assert _runs_as(out, x, ref1)
+    assert sorted(p.name for p in out.iterdir()) == ["inference.pdiparams", "inference.pdmodel"] + (
+        ["notes.txt"] if touch == "writer" else []
+    )
+
+
+def test_a_half_written_staging_is_discarded_and_the_old_model_stays(two_models, tmp_path):
+    (model0, ref0), _ = two_models[0]
+    x = two_models[1]
+    out = tmp_path / "out"
+    save_model(model0, out)
+    before = _state(out)
+    staging = out / (STAGING_PREFIX + "killed")
+    staging.mkdir()
+    (staging / "inference.pdiparams").write_bytes(b"half")  # killed while writing: no marker
+    assert _runs_as(out, x, ref0)
+    assert not staging.exists() and _state(out) == before
+
+
+def test_a_live_writers_staging_is_left_alone(two_models, tmp_path, monkeypatch):
+    (model0, ref0), (model1, ref1) = two_models[0]
+    x = two_models[1]
+    out = tmp_path / "out"
+    save_model(model0, out)
+    staging = _interrupt_the_moves(monkeypatch, model1, out)
+    with locked(out):  # a writer at work holds the lock: its staging is not a killed run's
+        repair(out)
+        assert staging.is_dir() and not (out / "inference.pdmodel").exists()
+    repair(out)
+    assert not staging.exists() and _runs_as(out, x, ref1)
 
 
 WRITER = textwrap.dedent("""
@@ -164,8 +240,12 @@ def test_concurrent_writers_take_turns(two_models, tmp_path):
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
     out = tmp_path / "out"
-    procs = [subprocess.Popen([sys.executable, str(script), str(m.source.directory), str(out), "3"],
-                              stderr=subprocess.PIPE, text=True) for m in (model0, model1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(m.source.directory), str(out), "3"], stderr=subprocess.PIPE, text=True
+        )
+        for m in (model0, model1)
+    ]
     for proc in procs:
         assert proc.wait(timeout=300) == 0, proc.stderr.read()
     files = find_model_files(out)

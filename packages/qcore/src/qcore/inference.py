@@ -29,6 +29,7 @@ from .deploy import DeployTarget, OnnxPredictor, get_target
 from .deploy.base import marked_backend
 from .errors import ConfigError
 from .model_io import Model, ModelFiles, find_model_files, load_model
+from .outputs import repair
 from .paddle_env import native_output_quiet
 
 #: Set to 1 to see what Paddle Inference's passes print while a predictor is built (``qcli --verbose`` does).
@@ -54,11 +55,13 @@ def create_predictor(
     raises :class:`ConfigError`; so does one that would silently run another backend's kernels
     (``openvino`` on a PIR model). On ``onnxruntime`` / ``openvino-runtime`` a Paddle model is
     exported first (:func:`qcore.export.export_onnx`, into a temporary file), except where the runtime
-    reads its family itself (the OpenVINO runtime reads legacy programs).
+    reads its family itself (the OpenVINO runtime reads legacy programs). A save a kill interrupted in
+    the model's directory is finished first (:func:`qcore.outputs.repair`).
     """
     target = get_target("native" if not onednn else backend)
     if not isinstance(files, ModelFiles):
         files = Path(files) if str(files).endswith(".onnx") else find_model_files(files)
+    repair(files.directory if isinstance(files, ModelFiles) else files.parent)
     own = target.own_predictor(files, threads)
     if own is not None:
         return own
@@ -170,8 +173,9 @@ def evaluate(
     """Per model (by label): top-1 in the executor (``executor_top1``) and deployed on ``backend``
     (``deployed_top1``), and the median latency on the first ``latency_rows`` rows (``latency_ms``), every
     model's runs interleaved."""
-    predictors = {label: create_predictor(files, backend=get_target(backend), threads=threads)
-                  for label, files in models.items()}
+    predictors = {
+        label: create_predictor(files, backend=get_target(backend), threads=threads) for label, files in models.items()
+    }
     latency = interleaved_latency(predictors, {feed_name: x[:latency_rows]}, repeats)
     return {
         label: {

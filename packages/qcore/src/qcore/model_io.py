@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import paddle
 
+from .diagnose import is_legacy_program, load_problem, truncation
 from .errors import ModelFormatError, OutputError
-from .outputs import check_file_name, check_output_dir, staged_output
+from .outputs import check_file_name, check_output_dir, repair, staged_output
 from .paddle_env import FAMILIES, Family, cpu_executor, static_mode
 from .zero_points import fold_shifts, unfold_zero_points
 
@@ -80,27 +81,34 @@ class Model:
 
 
 def _family_of(model_file: Path) -> Family:
-    if model_file.suffix == ".json":
-        return "pir"
     with open(model_file, "rb") as f:
         head = f.read(64).lstrip()
-    return "pir" if head.startswith(b"{") else "legacy"
+    if head.startswith(b"{"):
+        return "pir"
+    if model_file.suffix == ".json" and is_legacy_program(model_file):
+        raise ModelFormatError(
+            f"{model_file} is a legacy ProgramDesc, not a PIR program: rename it to {model_file.stem}.pdmodel "
+            "(Paddle picks the IR from the suffix)"
+        )
+    return "pir" if model_file.suffix == ".json" else "legacy"
 
 
 def _only(candidates: list[Path], what: str, where: Path) -> Path | None:
     if len(candidates) > 1:
         names = ", ".join(sorted(p.name for p in candidates))
-        raise ModelFormatError(
-            f"{where} holds several {what} files ({names}); pass model_filename to choose one"
-        )
+        raise ModelFormatError(f"{where} holds several {what} files ({names}); pass model_filename to choose one")
     return candidates[0] if candidates else None
 
 
 def find_model_files(
     path: str | os.PathLike[str], model_filename: str | None = None, params_filename: str | None = None
 ) -> ModelFiles:
-    """Resolve a model directory, path prefix or model file to the files to load."""
+    """Resolve a model directory, path prefix or model file to the files to load.
+
+    A save a kill interrupted in that directory is finished first (:func:`qcore.outputs.repair`).
+    """
     path = Path(path)
+    repair(path if path.is_dir() else path.parent)
     if model_filename is not None:
         model_file = path / model_filename
         for suffix in (".pdmodel", ".json"):
@@ -141,9 +149,7 @@ def find_model_files(
         guesses = [model_file.with_suffix(PARAMS_SUFFIX), model_file.parent / "__params__"]
         params_file = next((g for g in guesses if g.is_file()), None)
         if params_file is None and family == "pir":
-            raise ModelFormatError(
-                f"no {model_file.stem}{PARAMS_SUFFIX} next to {model_file}; pass params_filename"
-            )
+            raise ModelFormatError(f"no {model_file.stem}{PARAMS_SUFFIX} next to {model_file}; pass params_filename")
     return ModelFiles(model_file, params_file, family)
 
 
@@ -188,8 +194,11 @@ def load_model(
     """Load an inference model in any supported format.
 
     ``path`` may also be the :class:`ModelFiles` :func:`find_model_files` resolved. A legacy
-    model loads as a legacy program; pass ``family='pir'`` to translate it to PIR.
+    model loads as a legacy program; pass ``family='pir'`` to translate it to PIR. A save a kill
+    interrupted in the model's directory is finished first (:func:`qcore.outputs.repair`).
     """
+    if isinstance(path, ModelFiles):
+        repair(path.directory)
     files = path if isinstance(path, ModelFiles) else find_model_files(path, model_filename, params_filename)
     target = family or files.family
     if target not in FAMILIES:
@@ -212,9 +221,13 @@ def load_model(
         except Exception as exc:  # Paddle raises bare RuntimeError/ValueError here
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ModelFormatError(
-                f"Paddle could not load {files.model_file} ({first}); is it a Paddle inference model "
+                load_problem(files)
+                or f"Paddle could not load {files.model_file} ({first}); is it a Paddle inference model "
                 "and do model_filename/params_filename match the files?"
             ) from exc
+        cut = truncation(files, program)  # Paddle loads a file cut inside its last tensor's data
+        if cut is not None:
+            raise ModelFormatError(cut)
         if files.family == "pir":
             _strip_pir_fetch_ops(program)
         else:
@@ -230,9 +243,7 @@ def _feed_vars(model: Model) -> list[Any]:
         block = model.program.global_block()
         return [block.var(name) for name in model.feed_names]
     data_ops = {
-        op.attrs()["name"]: op.result(0)
-        for op in model.program.global_block().ops
-        if op.name() == "pd_op.data"
+        op.attrs()["name"]: op.result(0) for op in model.program.global_block().ops if op.name() == "pd_op.data"
     }
     return [data_ops[name] for name in model.feed_names]
 
@@ -274,9 +285,7 @@ def _write_pir(model: Model, out_dir: Path, model_name: str, params_name: str) -
     os.replace(str(stem) + PARAMS_SUFFIX, out_dir / params_name)
 
 
-def output_filenames(
-    family: Family, model_filename: str | None, params_filename: str | None
-) -> tuple[str, str | None]:
+def output_filenames(family: Family, model_filename: str | None, params_filename: str | None) -> tuple[str, str | None]:
     """Default and validate the output file names for ``family``."""
     if model_filename is None:
         model_filename = "inference" + MODEL_SUFFIX[family]

@@ -4,18 +4,23 @@ An output goes into a directory the user names. Nothing here renames, chmods or 
 directory or its parent: the files are written into a private staging directory inside it and
 moved into place one by one with ``os.replace`` (so every file is either the old one or the
 complete new one), the file that makes the output loadable (a model's program) last. Writers of
-one directory take turns (``flock`` on the directory). A killed run leaves only its staging
-directory, which the next writer of that directory removes. New files get the umask's modes.
+one directory take turns (``flock`` on the directory). New files get the umask's modes.
 
-What a kill in the middle of :func:`staged_output` can leave: before the commit, the old output
-untouched; during it, the old output with its program file removed (never a program next to
-parameters of another model); after it, the new output.
+Before the first move, the staging directory gets a marker (:data:`COMPLETE`, the files in the
+order they move). What a kill in the middle of :func:`staged_output` can leave, and what the next
+touch of the directory (:func:`repair`: the next writer, or a reader such as ``load_model``) does:
+
+* killed while writing (no marker): the old output untouched and a partial staging directory,
+  which is deleted;
+* killed during the moves (marker): some new files in place, the old program removed, the rest in
+  the staging directory; the moves are finished (rolled forward), giving the new output.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import tempfile
@@ -26,6 +31,9 @@ from .errors import OutputError
 
 #: Prefix of the staging directories :func:`staged_output` makes inside an output directory.
 STAGING_PREFIX = ".qcore-staging-"
+#: Marker of a staging directory whose files are complete: JSON ``{"files": [...], "last": [...]}``,
+#: the files in the order they move into the output, and those whose old copy goes before the first move.
+COMPLETE = ".qcore-complete"
 
 
 def check_file_name(name: str, what: str) -> str:
@@ -67,11 +75,46 @@ def locked(out_dir: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def remove_litter(out_dir: Path) -> None:
-    """Remove staging directories that killed runs left in ``out_dir`` (call it holding :func:`locked`)."""
+def finish_interrupted(out_dir: Path) -> None:
+    """Finish what killed writers left in ``out_dir`` (call it holding :func:`locked`).
+
+    A staging directory with the :data:`COMPLETE` marker is rolled forward (its remaining files moved
+    into place, the program last); one without it (killed while writing) is deleted.
+    """
     for entry in out_dir.glob(STAGING_PREFIX + "*"):
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
+        if not entry.is_dir() or entry.is_symlink():
+            continue
+        if (entry / COMPLETE).is_file():
+            order = json.loads((entry / COMPLETE).read_text())
+            try:
+                _move_in(entry, out_dir, order["files"], order["last"])
+            except OSError as exc:
+                raise OutputError(
+                    f"{out_dir} holds a save interrupted while its files were moved in, and finishing it failed "
+                    f"({exc}); move the files of {entry} into {out_dir} by hand, those listed last in "
+                    f"{entry / COMPLETE} at the end"
+                ) from exc
+        shutil.rmtree(entry, ignore_errors=True)
+
+
+def repair(directory: str | os.PathLike[str]) -> None:
+    """Before reading a model in ``directory``: finish a save a kill interrupted there (:func:`finish_interrupted`).
+
+    Costs one directory listing when there is nothing to repair. A staging directory whose writer
+    is still at work (it holds the lock) is left alone: this never waits for a writer.
+    """
+    directory = Path(directory)
+    if not any(directory.glob(STAGING_PREFIX + "*")):
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return
+        finish_interrupted(directory)
+    finally:
+        os.close(fd)  # releases the lock
 
 
 @contextlib.contextmanager
@@ -80,29 +123,50 @@ def staged_output(out_dir: str | os.PathLike[str], last: Sequence[str] = ()) -> 
 
     Files named in ``last`` (e.g. the model's program file) are moved after all others; any old
     copy of them is removed before the first move, so no reader ever pairs an old program with
-    new parameters. On an exception nothing in ``out_dir`` changes.
+    new parameters. On an exception before the moves nothing in ``out_dir`` changes; one during
+    them leaves the marked staging directory, and the next touch finishes the moves (:func:`repair`).
     """
     out = Path(out_dir)
     with locked(out):
-        remove_litter(out)
+        finish_interrupted(out)
         staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
         try:
             yield staging
             _commit(staging, out, last)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        except BaseException:
+            if not (staging / COMPLETE).exists():
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _staged_files(staging: Path) -> list[str]:
+    return sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file() and p.name != COMPLETE)
 
 
 def _commit(staging: Path, out: Path, last: Sequence[str]) -> None:
-    files = sorted(p.relative_to(staging) for p in staging.rglob("*") if p.is_file())
-    first = [f for f in files if str(f) not in last]
-    final = [Path(name) for name in last if (staging / name).is_file()]
-    for name in files:
+    files = _staged_files(staging)
+    final = [name for name in last if name in files]
+    order = [name for name in files if name not in final] + final
+    for name in order:
         _fsync(staging / name)
-    for name in final:
-        with contextlib.suppress(FileNotFoundError):
-            (out / name).unlink()
-    for name in first + final:
+    write_bytes(staging / COMPLETE, json.dumps({"files": order, "last": final}).encode())
+    _fsync_dir(staging)
+    _move_in(staging, out, order, final)
+
+
+def _move_in(staging: Path, out: Path, order: Sequence[str], last: Sequence[str]) -> None:
+    """Move the files of ``order`` still in ``staging`` into ``out`` in that order, old copies of ``last`` first.
+
+    Only files found in ``staging`` move (a marker naming '../x' moves nothing).
+    """
+    present = set(_staged_files(staging))
+    remaining = [name for name in order if name in present]
+    for name in last:
+        if name in remaining:
+            with contextlib.suppress(FileNotFoundError):
+                (out / name).unlink()
+    for name in remaining:
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging / name, out / name)
     _fsync_dir(out)
