@@ -26,3 +26,13 @@ def test_bench_prints_and_writes_a_row_per_backend_and_batch(tmp_path, capsys):
 def test_bench_refuses_an_unknown_backend(capsys):
     assert main(["bench", str(demo_model_dir("legacy")), "--backends", "onnx"]) == 3
     assert "qcli bench: error: unknown backend 'onnx'; valid: onednn" in capsys.readouterr().err
+
+
+def test_bench_refuses_two_models_with_different_inputs(tmp_path, capsys):
+    from qdemo.testing import make_tiny_net, save_tiny_net
+
+    save_tiny_net(make_tiny_net(), tmp_path / "tiny", "pir")  # input 'x' (1, 8, 8); the demo's: 'image'
+    assert main(["bench", str(demo_model_dir("legacy")), str(tmp_path / "tiny"), "--repeats", "1"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("qcli bench: error: the two models take different inputs") and err.count("\n") == 1, err
+    assert "'image'" in err and "'x'" in err and "compare a model with its own quantized version" in err

@@ -1,6 +1,11 @@
 from __future__ import annotations
 
 import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,7 +13,7 @@ import pytest
 from qcli import plugins
 from qcli.main import EXIT_CODES, exit_code, main
 from qcore.errors import ModelFormatError
-from qdemo import demo_model_dir
+from qdemo import demo_model_dir, load_demo_data
 
 
 def test_demo_prints_before_after_table(tmp_path, capfd):
@@ -55,3 +60,74 @@ def test_errors_are_one_line_on_stderr_with_an_exit_code_per_kind(tmp_path, caps
     with pytest.raises(ModelFormatError):  # --verbose shows the traceback instead
         main(["--verbose", "ptq", "dynamic", str(tmp_path / "missing"), str(tmp_path / "o")])
     assert EXIT_CODES["ConfigError"] == 3 and exit_code(KeyError("x")) is None
+
+
+def test_bad_values_and_files_end_with_one_line_and_a_documented_status(tmp_path, capsys):
+    model, out = str(demo_model_dir("legacy")), str(tmp_path / "o")
+    calib = tmp_path / "calib.npy"
+    np.save(calib, load_demo_data("calib")[0][:20])
+    with pytest.raises(SystemExit) as usage:  # argparse's refusal: status 2, its last line names the option
+        main(["ptq", "static", model, out, "--data", str(calib), "--mean", "abc"])
+    assert usage.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "qcli ptq static: error: argument --mean: 'abc' is not a comma-separated list of numbers, "
+        "e.g. 0.485,0.456,0.406")
+    ragged = np.empty(2, object)
+    ragged[:] = [np.zeros((1, 28, 28), np.float32), np.zeros((1, 28, 14), np.float32)]
+    np.save(tmp_path / "ragged.npy", ragged, allow_pickle=True)
+    (tmp_path / "bad.json").write_text("weight_bits: 8")
+    (tmp_path / "list.json").write_text("[8]")
+    cases = [
+        (["ptq", "static", model, out, "--data", str(tmp_path / "ragged.npy")], 5,
+         f"qcli ptq: error: --data {tmp_path / 'ragged.npy'} holds Python objects (dtype object), not one numeric "
+         "array; save samples of one shape with np.save(path, np.stack(samples))"),
+        (["bench", model, "--data", str(tmp_path / "ragged.npy")], 5, "holds Python objects (dtype object)"),
+        (["qat", "--config", str(tmp_path / "bad.json")], 3,
+         f"qcli qat: error: --config {tmp_path / 'bad.json'} is not JSON (Expecting value: line 1 column 1 (char 0)); "
+         "write a JSON object of config keys"),
+        (["qat", "--config", str(tmp_path / "list.json")], 3, "holds a list, not a JSON object of config keys"),
+        (["embed", model, out, "--config", str(tmp_path / "missing.json")], 3, "missing.json: no such file"),
+    ]
+    for argv, code, message in cases:
+        assert main(argv) == code, argv
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_ctrl_c_while_qcli_imports_is_one_line_and_status_130(tmp_path):
+    qcli = Path(sys.executable).with_name("qcli")  # the console script, as a user runs it
+    process = subprocess.Popen([str(qcli), "ptq", "dynamic", str(demo_model_dir("legacy")), str(tmp_path / "o")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.3)  # importing Paddle takes over a second
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130 and "Traceback" not in err, err
+    assert err.splitlines() == ["qcli: interrupted"], err
+
+
+def test_help_imports_neither_paddle_nor_the_method_packages():
+    heavy = ("paddle", "numpy", "qptq", "qcore.model_io", "matplotlib")
+    script = ("import sys\nfrom qcli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+              f"print(sorted(m for m in {heavy} if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60)
+    assert result.stdout.splitlines()[-1] == "[]", result.stdout
+    assert all(f"    {command} " in result.stdout for command in ("bench", "demo", "embed", "export", "ptq", "qat"))
+
+
+def test_paddles_noise_shows_only_with_verbose(tmp_path):
+    """Paddle's deprecation lines and ccache warning, and the budget's per-candidate 'left in float' lines."""
+    model = str(demo_model_dir("legacy"))
+    np.save(tmp_path / "calib.npy", load_demo_data("calib")[0][:20])
+    script = "import sys\nfrom qcli.main import main\ncode = main(sys.argv[1:])\nprint('matplotlib' in sys.modules)\n" \
+             "sys.exit(code)"
+    run = ["ptq", "static", model, str(tmp_path / "int8"), "--data", str(tmp_path / "calib.npy"), "--algo",
+           "abs_max", "--batch-size", "10", "--backend", "onednn", "--max-output-error", "0.02"]
+    result = subprocess.run([sys.executable, "-c", script, *run], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "quantized model:" in result.stdout and result.stdout.splitlines()[-1] == "False"  # no matplotlib
+    noise = ("old way to load", "ccache", "left in float", "WARNING")
+    assert not [n for n in noise if n in result.stderr], result.stderr
+    verbose = subprocess.run([sys.executable, "-c", script, "--verbose", "ptq", "dynamic", model,
+                              str(tmp_path / "w8")], capture_output=True, text=True, timeout=600)
+    assert verbose.returncode == 0 and "old way to load" in verbose.stderr, verbose.stderr

@@ -93,8 +93,9 @@ def test_static_for_openvino_is_verified_there(demo_arrays, tmp_path, capsys):
     assert not any("left_float" in layer for layer in report["layers"])
     row = report["verified"]["openvino"]
     assert list(report["verified"]) == ["openvino"]
-    # the largest difference over 64 samples, relative to the output range: rounding ties (about 2e-3)
-    assert row["deployed_vs_simulated"] < 5e-3 and 0 < row["int8_vs_float"] < 0.2 and row["int8_ms"] > 0
+    # the largest difference over 64 samples, relative to the output range: rounding ties, which move with the
+    # scales (measured 2e-3 to 1.1e-2 when one threshold moves by 1e-4 relative)
+    assert row["deployed_vs_simulated"] < 1.5e-2 and 0 < row["int8_vs_float"] < 0.2 and row["int8_ms"] > 0
     assert "| openvino |" in capsys.readouterr().out
 
 
@@ -161,18 +162,46 @@ def test_budget_with_a_users_eval_function_writes_an_html_report(demo_arrays, tm
     assert all(0.05 < c["measured"] < 20 for c in budget["candidates"]) and budget["float_measured"] > 0
     text = page.read_text()
     assert text.count("<img") == 2 and "Accuracy budget" in text and "algo=auto" in text
+    assert "<h2>Verification</h2><p>On 60 calibration samples" in text and "<td>native</td>" in text
     assert f"HTML report: {page}" in capsys.readouterr().out
+
+
+def test_html_report_verification_table_and_a_single_budget_candidate():
+    from qcli.report_html import render
+
+    row = {"float_ms": 1.5, "int8_ms": 0.5, "speedup": 3.0, "deployed_vs_simulated": 0.001, "int8_vs_float": 0.02,
+           "agreement_with_float": 98.44}
+    budget = {"metric": "output_error", "limit": 0.05, "float_score": 0.0, "met": True, "float_layers": 0,
+              "evaluations": 1, "seconds": 0.2, "candidates": [{"float_layers": 0, "score": 0.0123}],
+              "sensitivity": [{"op": "conv2d", "scope": "conv", "weight": "w", "output_error": 0.0123}]}
+    report = {"model": "m/inference.pdmodel", "algo": "kl", "batches": 2, "seconds": 1.0, "layers": [],
+              "verified_on": "64 calibration samples (--eval-data: held-out ones)", "budget": budget,
+              "verified": {"onednn": row, "tensorrt": {"unavailable": "no CUDA device"}}}
+    text = render(report)
+    assert "<h2>Verification</h2><p>On 64 calibration samples (--eval-data: held-out ones).</p>" in text
+    assert "<tr><td>onednn</td><td>1.50</td><td>0.50</td><td>3.00x</td><td>1.00e-03</td><td>2.00e-02</td>" \
+           "<td>98.4</td></tr>" in text
+    assert "<tr><td>tensorrt</td><td colspan='6'>no CUDA device</td></tr>" in text
+    assert text.count("<img") == 1  # the sensitivity plot; one candidate is a sentence, not a plot
+    assert "<p>One candidate was tried: 0 layers kept float, output_error 0.0123.</p>" in text
+    unchecked = {k: v for k, v in report.items() if k != "verified"}
+    failed = render({**unchecked, "verification_failed": "predictor crashed"})
+    assert "<h2>Verification</h2><p>Verifying the written model failed: predictor crashed</p>" in failed
+    unverified = render({**unchecked, "verified_on": "the model has 2 inputs"})
+    assert "<h2>Verification</h2><p>Not verified: the model has 2 inputs</p>" in unverified
 
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["--algo", "kll"], "invalid choice: 'kll'"),
     (["--eval", "nowhere_module:fn", "--max-drop", "0.01"], "cannot import 'nowhere_module' for --eval"),
     (["--eval", "json:dumps"], "--eval is the metric of an accuracy budget: give --max-drop"),
+    (["--max-drop", "0.01", "--eval-data", "{data}/calib.npy", "--eval-labels", "{data}/y.npy"],
+     "--eval-labels has 400 labels for 60 --eval-data samples; they must match"),  # before calibration
 ])
 def test_bad_budget_and_algo_options_are_one_line(demo_arrays, tmp_path, capsys, extra, message):
     try:
         code = main(["ptq", "static", str(demo_model_dir("legacy")), str(tmp_path / "o"), "--data",
-                     str(demo_arrays / "calib.npy"), *extra])
+                     str(demo_arrays / "calib.npy"), *(e.format(data=demo_arrays) for e in extra)])
     except SystemExit as exit:  # argparse's own refusal
         code = exit.code
     assert code != 0

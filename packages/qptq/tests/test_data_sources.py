@@ -42,3 +42,13 @@ def test_quant_post_static_takes_both_and_says_which_it_used(tiny_model, tiny_in
                                    data_loader=loader, batch_nums=2, **kwargs)
     assert report["batches"] == 2 and report["samples"] == 4
     assert "calibrating on the data_loader" in caplog.text
+
+
+def test_samples_of_different_shapes_in_one_batch_are_one_line_naming_both():
+    samples = [np.zeros((3, 4), np.float32), np.ones((3, 4), np.float32), np.ones((3, 5), np.float32)]
+    with pytest.raises(DataError) as error:
+        list(feed_batches(["x"], sample_generator=lambda: iter(samples), batch_size=4))
+    message = str(error.value)
+    assert "sample 2, feed 'x': shape (3, 5) differs from (3, 4) of sample 0" in message and "\n" not in message
+    assert "batch_generator" in message and "batch_size=1" in message
+    assert len(list(feed_batches(["x"], sample_generator=lambda: iter(samples), batch_size=1))) == 3

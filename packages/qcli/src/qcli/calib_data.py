@@ -18,6 +18,8 @@ import numpy as np
 
 from qcore.errors import DataError
 
+from .options import load_npy
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
@@ -31,7 +33,8 @@ def sample_source(
     which is only called for a folder (reading the model's input shape can mean loading it)."""
     path = Path(spec)
     if path.suffix == ".npy" and path.is_file():
-        return lambda: iter(np.load(path, mmap_mode="r"))
+        array = load_npy(path, "--data", mmap=True)
+        return lambda: iter(array)
     if path.is_dir():
         return _directory(path, image_shape, mean, std)
     if ":" in spec and not path.exists():
@@ -52,7 +55,7 @@ def _directory(
 
     def samples() -> Iterator[np.ndarray]:
         for file in files:
-            yield np.load(file) if file.suffix == ".npy" else load_image(file, shape, mean, std)
+            yield load_npy(file, "--data") if file.suffix == ".npy" else load_image(file, shape, mean, std)
 
     return samples
 

@@ -52,11 +52,25 @@ def to_feed(item: Any, feed_names: Sequence[str]) -> dict[str, np.ndarray]:
 
 def _batched(samples: Iterable[Any], feed_names: Sequence[str], batch_size: int) -> Iterator[dict[str, np.ndarray]]:
     it = iter(samples)
+    first = 0  # index of the chunk's first sample
     while True:
         chunk = [to_feed(s, feed_names) for s in islice(it, batch_size)]
         if not chunk:
             return
-        yield {n: np.stack([c[n] for c in chunk]) for n in feed_names}
+        yield {n: _stacked([c[n] for c in chunk], n, first) for n in feed_names}
+        first += len(chunk)
+
+
+def _stacked(arrays: Sequence[np.ndarray], name: str, first: int) -> np.ndarray:
+    """One batch of ``name`` from samples ``first``, ``first + 1``, ...; refused when their shapes differ."""
+    for i, array in enumerate(arrays):
+        if array.shape != arrays[0].shape:
+            raise DataError(
+                f"sample {first + i}, feed {name!r}: shape {tuple(array.shape)} differs from "
+                f"{tuple(arrays[0].shape)} of sample {first} in the same batch; for samples of different shapes "
+                "use a batch_generator or data_loader yielding batches of equal shapes, or batch_size=1"
+            )
+    return np.stack(arrays)
 
 
 def check_batch_arguments(sources: Sequence[Any], batch_size: Any, batch_nums: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -15,15 +16,15 @@ from qcore.model_io import ModelFiles, find_model_files
 from qcore.outputs import write_bytes
 
 from ..feeds import feed_specs
+from ..options import load_npy, numbers
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="latency and agreement, float vs int8, on each deployment backend")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", type=Path, help="the float model (directory, prefix or model file)")
     p.add_argument("int8_model", type=Path, nargs="?", default=None,
                    help="its quantized version (default: the float model against itself)")
     p.add_argument("--backends", default="onednn,openvino", help=f"comma-separated, from: {', '.join(BACKEND_NAMES)}")
-    p.add_argument("--batch", default="1,8", help="comma-separated batch sizes")
+    p.add_argument("--batch", default="1,8", type=numbers(int, "1,8"), help="comma-separated batch sizes")
     p.add_argument("--data", type=Path, default=None,
                    help=".npy inputs (default: standard normal of the model's shape)")
     p.add_argument("--repeats", type=int, default=20)
@@ -35,12 +36,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     source = find_model_files(args.model)
     int8 = find_model_files(args.int8_model) if args.int8_model else source
+    _check_same_inputs(source, int8)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     for name in backends:
         if name.lower() not in BACKEND_NAMES:
             raise ConfigError(f"unknown backend {name!r}; valid: {', '.join(BACKEND_NAMES)}")
     results = {}
-    for batch in (int(b) for b in args.batch.split(",")):
+    for batch in args.batch:
         feed = _feed(source, args.data, batch)
         results[f"batch {batch}"] = verify(source, int8, feed, backends, repeats=args.repeats, threads=args.threads)
         print(f"\n{int8.model_file} vs {source.model_file}, batch {batch}, {args.threads} threads, "
@@ -51,10 +53,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_same_inputs(float_files: ModelFiles, int8_files: ModelFiles) -> None:
+    """Refuse, before any work, two models whose inputs differ (names, dtypes, or fixed dimensions)."""
+    a, b = feed_specs(float_files), feed_specs(int8_files)
+    same = a.keys() == b.keys() and all(
+        a[n][1] == b[n][1] and len(a[n][0]) == len(b[n][0])
+        and all(x == y or min(x, y) < 0 for x, y in zip(a[n][0], b[n][0]))
+        for n in a)  # fmt: skip
+    if not same:
+        raise ConfigError(
+            f"the two models take different inputs: {_inputs(a)} ({float_files.model_file}) vs {_inputs(b)} "
+            f"({int8_files.model_file}); compare a model with its own quantized version"
+        )
+
+
+def _inputs(specs: Mapping[str, tuple[tuple[int, ...], str]]) -> str:
+    return ", ".join(f"{name!r} {list(shape)} {dtype}" for name, (shape, dtype) in specs.items())
+
+
 def _feed(files: ModelFiles, data: Path | None, batch: int) -> dict[str, np.ndarray]:
     specs = feed_specs(files)
     if data is not None:
-        x = np.load(data)
+        x = load_npy(data, "--data")
         if len(specs) != 1 or len(x) < batch:
             raise DataError(f"--data {data} must hold at least {batch} samples for a one-input model")
         return {next(iter(specs)): x[:batch]}

@@ -16,8 +16,7 @@ from qcore.thresholds import PTQ_ALGO_CHOICES
 from ..plugins import require
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="quantize the bundled demo model and compare it with the float one")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--family", choices=["legacy", "pir"], default="legacy", help="IR family of the demo model")
     p.add_argument("--algo", default="kl", type=str.lower, choices=PTQ_ALGO_CHOICES,
                    help="activation threshold algorithm (default kl)")

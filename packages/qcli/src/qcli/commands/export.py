@@ -9,8 +9,7 @@ from qcore.export import ACTIVATION_TYPES, export_onnx
 from qcore.model_io import find_model_files
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write a model (float or quantized) in an exchange format")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     formats = p.add_subparsers(dest="format", required=True)
     onnx = formats.add_parser("onnx", help="ONNX with the model's quantization as QuantizeLinear/DequantizeLinear")
     onnx.add_argument("model", type=Path, help="the model (directory, prefix or model file)")

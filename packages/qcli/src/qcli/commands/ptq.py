@@ -24,13 +24,13 @@ from qcore.thresholds import PTQ_ALGO_CHOICES
 
 from ..calib_data import load_function, sample_source
 from ..feeds import feed_specs, first_feed
+from ..options import load_npy, numbers
 from ..plugins import require
 from ..report_html import render
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    ptq = sub.add_parser("ptq", help="post-training quantization (needs qptq)")
-    methods = ptq.add_subparsers(dest="method", required=True)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    methods = p.add_subparsers(dest="method", required=True)
 
     dynamic = methods.add_parser("dynamic", help="weight-only int8/int16 (no calibration data)")
     _common(dynamic)
@@ -78,11 +78,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="your metric for --max-drop: fn(model_files) -> float, higher is better "
                              "(module:function or file.py:function)")
     static.add_argument("--report-html", type=Path, default=None,
-                        help="also write an HTML page with plots (layer sensitivity, metric and latency per "
-                             "budget candidate on --backend)")
-    static.add_argument("--input-shape", default=None, help="C,H,W images are resized to (default: the model's)")
-    static.add_argument("--mean", default="0", help="per-channel mean of [0,1] pixels, e.g. 0.485,0.456,0.406")
-    static.add_argument("--std", default="1", help="per-channel std the pixels are divided by")
+                        help="also write an HTML page: the verification per backend and, with a budget, plots "
+                             "(layer sensitivity, metric and latency per candidate on --backend)")
+    static.add_argument("--input-shape", default=None, type=numbers(int, "3,224,224"),
+                        help="C,H,W images are resized to (default: the model's)")
+    static.add_argument("--mean", default="0", type=numbers(float, "0.485,0.456,0.406"),
+                        help="per-channel mean of [0,1] pixels, e.g. 0.485,0.456,0.406")
+    static.add_argument("--std", default="1", type=numbers(float, "0.229,0.224,0.225"),
+                        help="per-channel std the pixels are divided by")
     static.set_defaults(run=run_static)
 
 
@@ -125,7 +128,7 @@ def run_static(args: argparse.Namespace) -> int:
     _check_paths(args)
     source = find_model_files(args.model, args.model_filename, args.params_filename)
     image_shape = functools.partial(_sample_shape, source, args.input_shape)
-    samples = sample_source(args.data, image_shape, _floats(args.mean), _floats(args.std))
+    samples = sample_source(args.data, image_shape, args.mean, args.std)
     start = time.perf_counter()
     options: dict[str, Any] = {} if args.op_types is None else {"quantizable_op_type": args.op_types}
     options.update(_budget_options(args, source))
@@ -232,7 +235,7 @@ def _verification_feed(args: argparse.Namespace, source: ModelFiles,
         return None, f"the model has {len(specs)} inputs; qcli verifies one-input models (use qcore.deploy.verify)"
     name, (shape, dtype) = next(iter(specs.items()))
     if args.eval_data is not None:
-        x = np.load(args.eval_data)[:VERIFY_SAMPLES]
+        x = load_npy(args.eval_data, "--eval-data")[:VERIFY_SAMPLES]
         return {name: x}, f"{len(x)} samples of --eval-data"
     if samples is not None:
         from qptq.data import to_feed
@@ -264,7 +267,8 @@ def _budget_options(args: argparse.Namespace, source: ModelFiles) -> dict[str, A
     if args.eval_data is None or args.eval_labels is None:
         raise ConfigError("--max-drop needs a metric: --eval module:function, or --eval-data and --eval-labels "
                           "(top-1)")
-    x, y = np.load(args.eval_data), np.load(args.eval_labels)
+    x, y = load_npy(args.eval_data, "--eval-data"), load_npy(args.eval_labels, "--eval-labels")
+    _check_labels(x, y)  # before calibration, not after the sensitivity runs
     feed = first_feed(source)
     return {"max_metric_drop": args.max_metric_drop,
             "eval_function": lambda files: top1(deployed_outputs(files, feed, x, args.backend), y) / 100}
@@ -299,7 +303,7 @@ def _random_feed(files: ModelFiles, batch: int = 8) -> dict[str, np.ndarray] | N
 
 def _accuracy(source: ModelFiles, out: ModelFiles, data: Path, labels: Path | None,
               backend: str | None) -> dict[str, float]:
-    x = np.load(data)
+    x = load_npy(data, "--eval-data")
     feed = first_feed(source)
     float_out, int8_out = deployed_outputs(source, feed, x, backend), deployed_outputs(out, feed, x, backend)
     result = {
@@ -307,19 +311,19 @@ def _accuracy(source: ModelFiles, out: ModelFiles, data: Path, labels: Path | No
         "agreement_simulated": agreement(float_out, executor_outputs(out, feed, x)),
     }
     if labels is not None:
-        y = np.load(labels)
-        if len(y) != len(x):
-            raise DataError(f"--eval-labels has {len(y)} labels for {len(x)} --eval-data samples; they must match")
+        y = load_npy(labels, "--eval-labels")
+        _check_labels(x, y)
         result |= {"top1_float": top1(float_out, y), "top1_int8_deployed": top1(int8_out, y)}
     return result
 
 
-def _sample_shape(source: ModelFiles, override: str | None) -> tuple[int, ...]:
+def _check_labels(x: np.ndarray, y: np.ndarray) -> None:
+    if len(y) != len(x):
+        raise DataError(f"--eval-labels has {len(y)} labels for {len(x)} --eval-data samples; they must match")
+
+
+def _sample_shape(source: ModelFiles, override: tuple[int, ...] | None) -> tuple[int, ...]:
     if override:
-        return tuple(int(v) for v in override.split(","))
+        return override
     shape, _ = next(iter(feed_specs(source).values()))
     return shape[1:]
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(v) for v in text.split(","))

@@ -8,7 +8,6 @@ QAT -> int8 file -> paddle.inference); your own models use ``qqat.QAT`` from Pyt
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
@@ -18,12 +17,12 @@ from qcore.deploy import BACKEND_NAMES
 from qcore.inference import top1
 from qcore.model_io import find_model_files
 
+from ..options import json_config
 from ..plugins import require
 from .demo import print_comparison
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("qat", help="quantization-aware fine-tuning of the bundled demo model, float vs int8 table")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=300, help="Adam steps of batch 64 on the demo train split")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--pact", action="store_true", help="PACT on activations (activation_preprocess_type='PACT')")
@@ -40,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from qdemo import demo_model_dir, load_demo_data
     from qdemo.qat import DEMO_INPUT_SPEC, finetune_demo, predict_dygraph
 
-    config = json.loads(args.config.read_text()) if args.config else {}
+    config = json_config(args.config) if args.config else {}
     if args.pact:
         config["activation_preprocess_type"] = "PACT"
     x, y = load_demo_data("test")
