@@ -35,11 +35,11 @@ def test_embed_model(model, tmp_path, capsys):
         argv += ["--model-filename", kwargs["model_filename"]]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    row = re.search(r"^\| embedding_0\.w_0 \| lookup_table \| 4000x32 \| abs_max int4 \| (one|per-row) \| "
-                    r"([\d.]+) \| ([\d.]+) \| 0\.49 \| 0\.1\d \|$", out, re.M)
+    row = re.search(r"^\| embedding_0\.w_0 \| lookup_table \| 4000x32 \| abs_max int4 packed( \+ offsets)? \| "
+                    r"(one|per-row) \| ([\d.]+) \| ([\d.]+) \| 0\.49 \| 0\.0[6-9] \|$", out, re.M)
     assert row, out
     before, after = map(float, re.search(r"model on disk: ([\d.]+) MiB -> ([\d.]+) MiB", out).groups())
-    assert after < 0.3 * before
+    assert after < 0.2 * before  # two codes a byte
     files = find_model_files(tmp_path / "q", kwargs["model_filename"])
     ids = np.arange(12, dtype=np.int64).reshape(2, 6)
     assert predict(files, {"ids": ids})[0].shape == (2, 4)
@@ -57,6 +57,10 @@ def test_embed_model_config_file_and_bad_input(model, tmp_path, capsys):
     assert re.fullmatch(r"qcli embed: error: .*'nope' .*tables found: embedding_0.w_0.*\n", err), err
     assert main(["embed", str(directory), str(tmp_path / "q2"), "--bits", "9", *extra]) == 3
     assert "quantize_bits=9" in capsys.readouterr().err
+    assert main(["embed", str(directory), str(tmp_path / "q3"), "--bits", "auto", "--max-error", "0.15",
+                 "--per-row", "on", *extra]) == 0
+    assert re.search(r"\| abs_max int4 packed.* \(auto: int2 0\.\d+, int4 0\.\d+\) \| per-row \|",
+                     capsys.readouterr().out)
 
 
 def test_embed_npy_table(tmp_path, capsys):

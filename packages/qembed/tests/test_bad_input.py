@@ -13,6 +13,7 @@ import pytest
 
 from qcore.errors import ConfigError, DataError, GraphError, QuantError
 from qembed import quant_embedding, quant_embedding_model, quantize_npy, quantize_table
+from qembed.table import choose_table_quantization
 
 FAMILIES = ("legacy", "pir")
 TABLE = np.random.default_rng(0).uniform(-0.5, 0.5, (100, 8)).astype(np.float32)
@@ -111,8 +112,8 @@ def test_zero_rows_and_an_odd_dim_at_4_bits_are_valid(family, config, static_pro
     with p.guard, paddle.static.scope_guard(p.scope):
         quant_embedding(p.main, paddle.CPUPlace(), config, p.scope)
         got = p.exe.run(p.main, feed={"word": WORD}, fetch_list=[p.out])[0]
-    q = quantize_table(table, config.get("quantize_type", "abs_max"), config.get("quantize_bits", 8),
-                       config.get("per_row", False))
+    q = choose_table_quantization(table, config.get("quantize_type", "abs_max"), config.get("quantize_bits", 8),
+                                  config.get("per_row", False)).table
     np.testing.assert_allclose(got, 2 * q.rows(WORD), rtol=1e-5, atol=1e-7)
     assert not got[1].any() and np.isfinite(got).all()  # id 0: the zero row
     if config.get("per_row"):

@@ -32,13 +32,14 @@ def _params_bytes(files):
     return sum(p.stat().st_size for p in files.directory.iterdir() if p != files.model_file)
 
 
-# measured output errors (relative L2 vs the float model): 0.031, 0.008 (0.157 on the old power-of-two grid), 0.100
-@pytest.mark.parametrize("config,max_err", [
-    ({"quantize_op_types": ["lookup_table"], "lookup_table": {"quantize_type": "abs_max"}}, 0.05),
-    ({"lookup_table": {"quantize_type": "log", "per_row": True}}, 0.02),
-    ({"quantize_bits": 4, "per_row": True}, 0.15),
+# measured output errors (relative L2 vs the float model): 0.031, 0.008 (0.157 on the old power-of-two grid),
+# int4: 0.100 unpacked with abs-max rows, 0.097 packed with searched rows (a random table: little to clip)
+@pytest.mark.parametrize("config,max_err,ratio", [
+    ({"quantize_op_types": ["lookup_table"], "lookup_table": {"quantize_type": "abs_max"}}, 0.05, (0.24, 0.3)),
+    ({"lookup_table": {"quantize_type": "log", "per_row": True}}, 0.02, (0.24, 0.3)),
+    ({"quantize_bits": 4, "per_row": True}, 0.1, (0.12, 0.19)),  # two codes a byte, + scale and offset per row
 ])
-def test_saved_model_runs_quantized_in_executor_and_inference(emb_model, ids, tmp_path, config, max_err):
+def test_saved_model_runs_quantized_in_executor_and_inference(emb_model, ids, tmp_path, config, max_err, ratio):
     directory, kwargs, fmt = emb_model
     files, (report,) = quant_embedding_model(directory, tmp_path / "q", config, **kwargs)
     assert report.shape == (VOCAB, DIM) and report.op_types == ("lookup_table",)
@@ -53,9 +54,9 @@ def test_saved_model_runs_quantized_in_executor_and_inference(emb_model, ids, tm
     reference = _float_run(emb_model, ids)
     err = np.linalg.norm(expected - reference) / np.linalg.norm(reference)
     assert err < max_err, err
-    # and the file holds int8 codes: about 1/4 of the float parameters
-    ratio = _params_bytes(files) / _params_bytes(find_model_files(directory, **kwargs))
-    assert 0.24 < ratio < 0.3, ratio
+    # and the file holds int8 codes (about 1/4 of the float parameters), or packed int4 ones (about 1/8)
+    measured = _params_bytes(files) / _params_bytes(find_model_files(directory, **kwargs))
+    assert ratio[0] < measured < ratio[1], measured
 
 
 def test_abs_max_codes_and_scale_are_hand_computed(emb_model, emb_net, tmp_path):

@@ -18,11 +18,17 @@ from qembed import quant_embedding, quant_embedding_model
 VOCAB, DIM = 5000, 64
 FLOAT_BYTES = VOCAB * DIM * 4
 CODES_BYTES = VOCAB * DIM
-OVERHEAD_BYTES = 512  # headers (tensor desc, LoD; pickle framing for paddle.static.save) of two tensors
-SCHEMES = {  # name -> (config, number of scales)
-    "abs_max per-row": ({"quantize_type": "abs_max", "per_row": True}, VOCAB),
-    "log one scale": ({"quantize_type": "log"}, 1),
-    "int4 per-row": ({"quantize_bits": 4, "per_row": True}, VOCAB),
+OVERHEAD_BYTES = 1024  # headers (tensor desc, LoD; pickle framing for paddle.static.save) of up to four tensors
+INT8 = ["emb.quantized", "emb@scale"]
+SCHEMES = {  # name -> (config, bytes of the stored tensors: codes + scales (+ offsets, byte values), their files)
+    "abs_max per-row": ({"quantize_type": "abs_max", "per_row": True}, CODES_BYTES + 4 * VOCAB, INT8),
+    "log one scale": ({"quantize_type": "log"}, CODES_BYTES + 4, INT8),
+    # packed: two 4-bit codes a byte, four 2-bit codes a byte; a [256, k] float table turns bytes into values
+    "int4 per-row": ({"quantize_bits": 4, "per_row": True, "asymmetric": False},
+                     CODES_BYTES // 2 + 4 * VOCAB + 256 * 2 * 4, ["emb.packed", "emb@byte_values", "emb@scale"]),
+    "int2 per-row asymmetric": ({"quantize_bits": 2, "per_row": True, "asymmetric": True},
+                                CODES_BYTES // 4 + 8 * VOCAB + 256 * 4 * 4,
+                                ["emb.packed", "emb@byte_values", "emb@offset", "emb@scale"]),
 }
 CASES = [(family, route) for family, routes in SAVE_ROUTES.items() for route in routes]
 
@@ -39,8 +45,8 @@ def _table() -> np.ndarray:
     return table
 
 
-def _check_quantized_bytes(files: dict[str, int], n_scales: int) -> None:
-    total, expected = sum(files.values()), CODES_BYTES + 4 * n_scales
+def _check_quantized_bytes(files: dict[str, int], expected: int) -> None:
+    total = sum(files.values())
     assert expected <= total <= expected + OVERHEAD_BYTES, (files, expected)
     assert total < 0.3 * FLOAT_BYTES
 
@@ -48,7 +54,7 @@ def _check_quantized_bytes(files: dict[str, int], n_scales: int) -> None:
 @pytest.mark.parametrize("scheme", sorted(SCHEMES))
 @pytest.mark.parametrize("family,route", CASES)
 def test_every_save_route_writes_only_the_int8_table(family, route, scheme, static_program, save_params, tmp_path):
-    config, n_scales = SCHEMES[scheme]
+    config, expected_bytes, names = SCHEMES[scheme]
     table = _table()
     float_files = save_params(route, static_program(family, table=table), tmp_path / "float")
     assert sum(float_files.values()) >= FLOAT_BYTES  # the same route on the float program writes the table
@@ -56,9 +62,9 @@ def test_every_save_route_writes_only_the_int8_table(family, route, scheme, stat
     with p.guard, paddle.static.scope_guard(p.scope):
         quant_embedding(p.main, paddle.CPUPlace(), config, p.scope)
     files = save_params(route, p, tmp_path / "q")
-    _check_quantized_bytes(files, n_scales)
+    _check_quantized_bytes(files, expected_bytes)
     if route in ("save_persistables", "save_vars"):  # one file per variable, named after it
-        assert sorted(files) == ["emb.quantized", "emb@scale"]
+        assert sorted(files) == names
     if route == "save_inference_model":  # what was written runs, and computes what the program computes
         word = np.array([[3], [4999], [0], [3]], np.int64)
         with p.guard, paddle.static.scope_guard(p.scope):
@@ -76,4 +82,4 @@ def test_quant_embedding_model_writes_only_the_int8_table(family, static_program
     assert files.family == family
     assert report.quantized_bytes == CODES_BYTES + 4 * VOCAB
     written = {f.name: f.stat().st_size for f in files.directory.iterdir() if f != files.model_file}
-    _check_quantized_bytes(written, VOCAB)
+    _check_quantized_bytes(written, CODES_BYTES + 4 * VOCAB)

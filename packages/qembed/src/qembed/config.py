@@ -25,12 +25,15 @@ from qcore.config import short_repr, validate_bits, validate_choice, validate_na
 from qcore.constants import EMBEDDING_OP_TYPES, EMBEDDING_QUANTIZE_TYPES
 from qcore.errors import ConfigError, did_you_mean
 
+from .table import DEFAULT_MAX_ERROR
+
 PerRow = Union[bool, str]  # True, False or "auto"
-TABLE_KEYS = ("quantize_type", "quantize_bits", "dtype", "threshold", "per_row")
+TABLE_KEYS = ("quantize_type", "quantize_bits", "dtype", "threshold", "per_row", "asymmetric", "max_error")
 TOP_KEYS = ("quantize_op_types", "params_name")
 BITS_RANGE = (2, 8)  # codes are stored as int8 whatever the bit width
 DTYPES = ("int8",)
 PER_ROW_CHOICES = (False, True, "auto")
+ASYMMETRIC_CHOICES = (False, True, "auto")
 THRESHOLD_MAX = float(np.finfo(np.float32).max)  # tables are float32
 
 
@@ -39,10 +42,12 @@ class TableConfig:
     """How the tables of one op type are quantized."""
 
     quantize_type: str = "abs_max"
-    quantize_bits: int = 8
+    quantize_bits: int | str = 8  # or "auto": the smallest of 2, 4, 8 within max_error
     dtype: str = "int8"
     threshold: float | None = None
     per_row: PerRow = False
+    asymmetric: bool | str = "auto"  # per-row offsets for <= 4-bit rows: where they help ("auto")
+    max_error: float = DEFAULT_MAX_ERROR  # quantize_bits="auto"'s budget (relative RMS error of the table)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], where: str) -> TableConfig:
@@ -55,11 +60,29 @@ class TableConfig:
         merged = {**cls().__dict__, **values}
         return cls(
             quantize_type=validate_choice("quantize_type", merged["quantize_type"], EMBEDDING_QUANTIZE_TYPES),
-            quantize_bits=validate_bits("quantize_bits", merged["quantize_bits"], *BITS_RANGE),
+            quantize_bits=_bits(merged["quantize_bits"]),
             dtype=validate_choice("dtype", merged["dtype"], DTYPES),
             threshold=_threshold(merged["threshold"]),
             per_row=validate_choice("per_row", merged["per_row"], PER_ROW_CHOICES),
+            asymmetric=validate_choice("asymmetric", merged["asymmetric"], ASYMMETRIC_CHOICES),
+            max_error=_max_error(merged["max_error"]),
         )
+
+
+def _bits(value: Any) -> int | str:
+    if isinstance(value, str) and value == "auto":
+        return value
+    try:
+        return validate_bits("quantize_bits", value, *BITS_RANGE)
+    except ConfigError:
+        raise ConfigError(f"quantize_bits={short_repr(value)} is not valid; valid choices: an int from "
+                          f"{BITS_RANGE[0]} to {BITS_RANGE[1]}, or 'auto'") from None
+
+
+def _max_error(value: Any) -> float:
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value < 1:
+        return float(value)
+    raise ConfigError(f"max_error={short_repr(value)} is not valid; valid choices: a fraction in (0, 1), e.g. 0.02")
 
 
 def _threshold(value: Any) -> float | None:

@@ -53,7 +53,9 @@ class TableReport:
 
     @property
     def quantized_bytes(self) -> int:
-        return int(np.prod(self.shape)) + self.choice.table.scales.size * 4
+        """Bytes of the stored table: codes (packed below 5 bits, except whole-table ops), scales, offsets."""
+        q = self.choice.table
+        return int(np.prod(self.shape)) + q.scales.size * 4 if self.whole_table else q.stored_bytes
 
 
 def program_family(program: Any) -> str:
@@ -139,7 +141,8 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> li
         table = _float32_table(graph, name)
         try:
             choice = choose_table_quantization(
-                table, table_cfg.quantize_type, table_cfg.quantize_bits, table_cfg.per_row, table_cfg.threshold
+                table, table_cfg.quantize_type, table_cfg.quantize_bits, table_cfg.per_row, table_cfg.threshold,
+                False if whole_table else table_cfg.asymmetric, table_cfg.max_error,
             )
         except DataError as exc:
             raise DataError(f"table {name!r}: {exc}") from None
@@ -154,7 +157,7 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> li
                 axis = 0 if choice.per_row else None
                 graph.quantize_weight(graph.weight_operand(op), q.bits, axis, thresholds, float_dequant=True)
             else:
-                graph.quantize_lookup(op, q.codes, q.scales, log_step=log_step)
+                graph.quantize_lookup(op, q.codes, q.scales, log_step=log_step, bits=q.bits, offsets=q.offsets)
         graph.drop_param_if_unused(name)
         op_types = tuple(sorted({o.seed_type or "" for o in ops}))
         reports.append(TableReport(name, op_types, shape, choice, whole_table))

@@ -3,30 +3,44 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from qcore.errors import ConfigError
 
+from ..options import json_config
 from ..plugins import require
 
 PER_ROW = {"off": False, "on": True, "auto": "auto"}
+ASYMMETRIC = {"off": False, "on": True, "auto": "auto"}
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "embed",
-        help="quantize embedding tables (a saved Paddle model dir, or a .npy table) to int8/int4",
-        description="SOURCE is a saved model (directory, model file or path prefix; PIR or legacy) or a 2-D "
-        "float .npy table. A model keeps its family and file layout; a .npy table is quantized in chunks "
-        "(tables larger than memory work) into OUT (codes) + OUT's .scales.npy + .qembed.json.",
+def _bits(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a bit width; give 2..8 or auto") from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "SOURCE is a saved model (directory, model file or path prefix; PIR or legacy) or a 2-D float .npy table. "
+        "A model keeps its family and file layout; a .npy table is quantized in chunks (tables larger than memory "
+        "work) into OUT (codes) + OUT's .scales.npy + .qembed.json."
     )
     p.add_argument("source", type=Path, help="model directory / file / prefix, or a .npy table")
     p.add_argument("out", type=Path, help="output model directory, or output .npy for a table")
     p.add_argument("--quantize-type", choices=["abs_max", "log"], default="abs_max")
-    p.add_argument("--bits", type=int, default=8, help="2..8 (codes are stored as int8; 4 and below pack in .npy)")
+    p.add_argument("--bits", type=_bits, default=8,
+                   help="2..8, or auto (models: the smallest of 2, 4, 8 within --max-error); 4 bits and below are "
+                        "stored packed (2 or 4 codes a byte)")
+    p.add_argument("--max-error", type=float, default=None,
+                   help="--bits auto's budget: relative RMS error of the table (default 0.02)")
+    p.add_argument("--asymmetric", choices=list(ASYMMETRIC), default=None,
+                   help="models, 4 bits and below, per-row: per-row offsets (default auto: where they cut the error)")
     p.add_argument("--per-row", choices=list(PER_ROW), default=None,
                    help="scale per row: off (seed default for models), on (default for .npy), "
                         "auto (models: chosen by measured error)")
@@ -42,12 +56,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _config(args: argparse.Namespace) -> dict[str, Any]:
-    config: dict[str, Any] = json.loads(args.config.read_text()) if args.config else {}
+    config: dict[str, Any] = json_config(args.config) if args.config else {}
     config.setdefault("quantize_type", args.quantize_type)
     config.setdefault("quantize_bits", args.bits)
     config.setdefault("per_row", PER_ROW[args.per_row or "off"])
     if args.threshold is not None:
         config.setdefault("threshold", args.threshold)
+    if args.max_error is not None:
+        config.setdefault("max_error", args.max_error)
+    if args.asymmetric is not None:
+        config.setdefault("asymmetric", ASYMMETRIC[args.asymmetric])
     if args.params_name:
         config.setdefault("params_name", args.params_name)
     if args.op_types:
@@ -68,7 +86,13 @@ def _run_model(qembed: Any, args: argparse.Namespace) -> int:
     print("|---|---|---|---|---|---:|---:|---:|---:|")
     for r in reports:
         q = r.choice.table
-        scheme = f"{q.quantize_type} int{q.bits}{' (whole table dequantized)' if r.whole_table else ''}"
+        scheme = f"{q.quantize_type} int{q.bits}"
+        if r.whole_table:
+            scheme += " (whole table dequantized)"
+        elif q.bits <= 4:
+            scheme += f" packed{' + offsets' if q.offsets is not None else ''}"
+        if r.choice.errors_by_bits:
+            scheme += " (auto: " + ", ".join(f"int{b} {e:.4f}" for b, e in r.choice.errors_by_bits.items()) + ")"
         print(f"| {r.name} | {', '.join(r.op_types)} | {r.shape[0]}x{r.shape[1]} | {scheme} | "
               f"{'per-row' if r.choice.per_row else 'one'} | {r.choice.whole_table_error:.4f} | "
               f"{r.choice.per_row_error:.4f} | {r.float_bytes / 2**20:.2f} | {r.quantized_bytes / 2**20:.2f} |")
@@ -81,6 +105,9 @@ def _run_table(qembed: Any, args: argparse.Namespace) -> int:
     per_row = PER_ROW[args.per_row or "on"]
     if per_row == "auto":
         raise ConfigError("--per-row auto needs the table in memory; use on or off for a .npy table")
+    if args.bits == "auto" or args.asymmetric is not None or args.max_error is not None:
+        raise ConfigError("--bits auto, --asymmetric and --max-error are for models; give --bits 2..8 for a .npy "
+                          "table")
     start = time.perf_counter()
     table = qembed.quantize_npy(args.source, args.out, args.quantize_type, args.bits, per_row, args.threshold,
                                 args.chunk_rows)

@@ -20,6 +20,7 @@ import paddle
 from ..errors import GraphError
 from ..model_io import Model, ModelFiles, save_model
 from ..optable import OP_TABLE, backend_names, spec
+from ..packing import MAX_PACKED_BITS, byte_values, codes_per_byte, field_bits, pack_codes, signed_fields
 from ..paddle_env import static_mode
 from ..quant import abs_max, bounded_thresholds, dequantize, qmax, quantize, scale_from_threshold
 
@@ -47,6 +48,20 @@ class Operand:
     value: Any
     name: str
     is_param: bool
+
+
+@dataclass(frozen=True)
+class LookupTables:
+    """The parameters a quantized lookup reads (backend values or names) and how to read them."""
+
+    codes: Any  # int8 codes [rows, dim], or packed bytes when ``byte_values`` is set
+    scale: Any  # [rows, 1] per row, or [1]
+    dim: int
+    per_row: bool
+    log_step: float | None = None  # unpacked log codes (packed ones are decoded by ``byte_values``)
+    offset: Any = None  # [rows, 1]: affine rows (codes * scale + offset)
+    byte_values: Any = None  # [256, codes per byte] float: packed bytes -> their codes' values
+    padded: bool = False  # packed rows decode to more than ``dim`` values (the last byte is not full)
 
 
 @dataclass(frozen=True)
@@ -353,7 +368,10 @@ class Graph(ABC):
             self._set_operand(operand, self._weight_dq[operand.name])
         return quantized
 
-    def quantize_lookup(self, op: OpRef, codes: np.ndarray, scales: np.ndarray, log_step: float | None = None) -> None:
+    def quantize_lookup(
+        self, op: OpRef, codes: np.ndarray, scales: np.ndarray, log_step: float | None = None, *,
+        bits: int = 8, offsets: np.ndarray | None = None,
+    ) -> None:
         """Make the table lookup ``op`` read int8 ``codes`` and dequantize only the rows it looks up.
 
         The lookup op itself runs on the int8 table (Paddle's CPU embedding kernels accept
@@ -361,31 +379,59 @@ class Graph(ABC):
         multiplied by ``scales``: one value for the whole table, or one per row (looked up with
         the same ids). A ``log_step`` reads the codes as :func:`qcore.quant.log_quantize` codes of
         that grid (``sign(c) * exp(log_step * (1 - |c|))`` times the scale, i.e. the abs max; ``ln 2``
-        is powers of two). A table read by several
-        lookups is stored once.
+        is powers of two). ``offsets`` (one per row, with per-row scales) make the grid affine: the
+        codes are then unsigned, ``0 .. 2**bits - 1``, and a row is ``codes * scale + offset``.
+
+        Codes of ``bits`` <= 4 are stored packed (:mod:`qcore.packing`): the lookup reads the packed
+        rows and one more lookup, in a 256-row table, turns each byte into its codes' values. A
+        table read by several lookups is stored once.
         """
         weight = self.weight_operand(op)
         if weight is None:
             raise GraphError(f"{op!r} has no parameter table to quantize")
-        rows = self.get_param(weight.name).shape[0]
+        shape = self.get_param(weight.name).shape
+        rows = shape[0]
         scales = np.asarray(scales, np.float32).reshape(-1)
-        if codes.dtype != np.int8 or codes.shape != self.get_param(weight.name).shape:
+        if codes.dtype != np.int8 or codes.shape != shape:
             raise GraphError(f"codes for {weight.name!r} must be int8 with the table's shape")
         if scales.size not in (1, rows):
             raise GraphError(f"{weight.name!r} has {rows} rows; pass one scale or one per row, not {scales.size}")
+        if offsets is not None and (np.asarray(offsets).size != rows or scales.size != rows or bits > MAX_PACKED_BITS):
+            raise GraphError(f"offsets for {weight.name!r} go with per-row scales and codes of <= "
+                             f"{MAX_PACKED_BITS} bits: pass one offset per row")
         with self._editing():
             key = weight.name
             if key not in self._weight_dq:
-                codes_name = self._add_param(self._new_param_name(f"{key}.quantized"), codes, op)
-                shape = [rows, 1] if scales.size > 1 else [1]
-                scale_name = self._add_param(self._new_param_name(f"{key}@scale"), scales.reshape(shape), op)
-                self._weight_dq[key] = (codes_name, scale_name)
-            self._build_lookup_dq(op, weight, *self._weight_dq[key], scales.size > 1, log_step)
+                self._weight_dq[key] = self._lookup_params(op, key, codes, scales, log_step, bits, offsets)
+            self._build_lookup_dq(op, weight, self._weight_dq[key])
+
+    def _lookup_params(self, op: OpRef, key: str, codes: np.ndarray, scales: np.ndarray, log_step: float | None,
+                       bits: int, offsets: np.ndarray | None) -> LookupTables:
+        """Add the parameters of a quantized table: its (packed) codes, scales, offsets and byte values."""
+        rows, dim = codes.shape
+        per_row = scales.size > 1
+        column = [rows, 1] if per_row else [1]
+
+        def add(suffix: str, value: np.ndarray) -> Any:
+            return self._add_param(self._new_param_name(f"{key}{suffix}"), value, op)
+
+        if bits > MAX_PACKED_BITS:
+            return LookupTables(add(".quantized", codes), add("@scale", scales.reshape(column)), dim, per_row,
+                                log_step=log_step)
+        fields = np.arange(1 << field_bits(bits))
+        values = fields if offsets is not None else signed_fields(fields, bits).astype(np.float64)
+        if log_step is not None:  # sign(c) * exp(log_step * (1 - |c|)), 0 for c = 0
+            values = np.sign(values) * np.exp(log_step * (1 - np.abs(values)))
+        return LookupTables(
+            add(".packed", pack_codes(codes, bits)),
+            add("@scale", scales.reshape(column)), dim, per_row,
+            offset=None if offsets is None else add("@offset", np.asarray(offsets, np.float32).reshape(column)),
+            byte_values=add("@byte_values", byte_values(bits, values)),
+            padded=dim % codes_per_byte(bits) != 0,
+        )
 
     @abstractmethod
-    def _build_lookup_dq(
-        self, op: OpRef, weight: Operand, codes: Any, scale: Any, per_row: bool, log_step: float | None
-    ) -> None: ...
+    def _build_lookup_dq(self, op: OpRef, weight: Operand, tables: LookupTables) -> None: ...
 
     def replace_weight(self, operand: Operand, value: np.ndarray, suffix: str = "replaced") -> str:
         """Make ``operand``'s op read a new float parameter holding ``value``; returns its name."""

@@ -18,7 +18,7 @@ from ..model_io import Model
 from ..optable import CONV_TYPES
 from ..quant import dequantize, qmax, scale_from_threshold
 from ..zero_points import fold_shifts, insert_shift
-from .base import ActivationGrid, Graph, Operand, OpRef, QuantizedWeight, StoredWeight
+from .base import ActivationGrid, Graph, LookupTables, Operand, OpRef, QuantizedWeight, StoredWeight
 
 _FLOATS = (core.VarDesc.VarType.FP32, core.VarDesc.VarType.FP64, core.VarDesc.VarType.FP16)
 _INT_DTYPES = {8: core.VarDesc.VarType.INT8, 16: core.VarDesc.VarType.INT16}
@@ -191,37 +191,58 @@ class LegacyGraph(Graph):
         self._insert(at, "dequantize_linear", codes, scale, zero, dequantized, self._qdq_attrs(weight.bits, axis))
         return dequantized
 
-    def _build_lookup_dq(
-        self, op: OpRef, weight: Operand, codes: str, scale: str, per_row: bool, log_step: float | None
-    ) -> None:
+    def _build_lookup_dq(self, op: OpRef, weight: Operand, tables: LookupTables) -> None:
         ids_slot, out_slot = ("x", "out") if op.type == "embedding_with_scaled_gradient" else ("Ids", "Out")
         out = op.raw.output(out_slot)[0]
-        rows = self.block.create_var(name=self._new_var_name(f"{out}.int8"), dtype="int8")
-        op.raw._rename_input(weight.value, codes)
+        stored = list(self.block.var(out).shape[:-1]) + [self.block.var(tables.codes).shape[1]]
+        rows = self.block.create_var(name=self._new_var_name(f"{out}.int8"), dtype="int8", shape=stored)
+        op.raw._rename_input(weight.value, tables.codes)
         op.raw._rename_output(out, rows.name)
         at = self._index(op.raw) + 1
+        ids = op.raw.input(ids_slot)[0]
+        lookup = "lookup_table" if op.type == "lookup_table" else "lookup_table_v2"  # v1 drops a trailing 1
+        padding = {a: op.raw.attr(a) for a in ("padding_idx",) if op.raw.has_attr(a)}
 
-        def add(op_type: str, inputs: dict[str, str], attrs: dict[str, Any], result: str | None = None) -> str:
+        def add(op_type: str, inputs: dict[str, str], attrs: dict[str, Any], result: str | None = None,
+                extra: dict[str, str] | None = None) -> str:
             nonlocal at
             result = result or self._tmp_var(self._new_var_name(f"{out}.{op_type}"), out)
+            outputs = {"Out": [result], **{k: [v] for k, v in (extra or {}).items()}}
             self.block._insert_op(
-                at, type=op_type, inputs={k: [v] for k, v in inputs.items()}, outputs={"Out": [result]}, attrs=attrs
+                at, type=op_type, inputs={k: [v] for k, v in inputs.items()}, outputs=outputs, attrs=attrs
             )
             at += 1
             return result
 
-        value = add("cast", {"X": rows.name}, {"in_dtype": _INT_DTYPES[8], "out_dtype": core.VarDesc.VarType.FP32})
-        if log_step is not None:  # sign(c) * exp(log_step * (1 - |c|))
-            sign = add("sign", {"X": value}, {})
-            power = add("scale", {"X": add("abs", {"X": value}, {})}, {"scale": -log_step, "bias": log_step})
-            value = add("elementwise_mul", {"X": sign, "Y": add("exp", {"X": power}, {})}, {"axis": -1})
-        if per_row:
-            attrs = {a: op.raw.attr(a) for a in ("padding_idx",) if op.raw.has_attr(a)}
-            if attrs:  # the scale lookup zeroes the padding row; paddle2onnx 2.1 aborts on an int8 one with it
+        if tables.byte_values is not None:  # packed: byte + 128 indexes the values of its codes
+            last = len(self.block.var(out).shape) - 1  # positive axes: the legacy kernels misread negative ones
+            index = add("cast", {"X": rows.name}, {"in_dtype": _INT_DTYPES[8], "out_dtype": core.VarDesc.VarType.INT64})
+            index = add("scale", {"X": index}, {"scale": 1.0, "bias": 128.0, "bias_after_scale": True})
+            values = add("lookup_table_v2", {"Ids": index, "W": tables.byte_values}, {})
+            xshape = self.block.create_var(name=self._new_var_name(f"{out}.xshape"), dtype="float32")
+            value = add("flatten_contiguous_range", {"X": values}, {"start_axis": last, "stop_axis": last + 1},
+                        extra={"XShape": xshape.name})
+            if tables.padded:
+                value = add("slice", {"Input": value}, {"axes": [last], "starts": [0], "ends": [tables.dim],
+                                                        "decrease_axis": [], "infer_flags": [1]})
+        else:
+            value = add("cast", {"X": rows.name}, {"in_dtype": _INT_DTYPES[8], "out_dtype": core.VarDesc.VarType.FP32})
+            if tables.log_step is not None:  # sign(c) * exp(log_step * (1 - |c|))
+                step = tables.log_step
+                sign = add("sign", {"X": value}, {})
+                power = add("scale", {"X": add("abs", {"X": value}, {})}, {"scale": -step, "bias": step})
+                value = add("elementwise_mul", {"X": sign, "Y": add("exp", {"X": power}, {})}, {"axis": -1})
+        scale = tables.scale
+        if tables.per_row:
+            if padding:  # the scale lookup zeroes the padding row; paddle2onnx 2.1 aborts on an int8 one with it
                 op.raw._set_attr("padding_idx", -1)
-            lookup = "lookup_table" if op.type == "lookup_table" else "lookup_table_v2"  # v1 drops a trailing 1
-            scale = add(lookup, {"Ids": op.raw.input(ids_slot)[0], "W": scale}, attrs)
-        add("elementwise_mul", {"X": value, "Y": scale}, {"axis": -1}, result=out)
+            scale = add(lookup, {"Ids": ids, "W": scale}, padding)
+        if tables.offset is None:
+            add("elementwise_mul", {"X": value, "Y": scale}, {"axis": -1}, result=out)
+            return
+        scaled = add("elementwise_mul", {"X": value, "Y": scale}, {"axis": -1})
+        add("elementwise_add", {"X": scaled, "Y": add(lookup, {"Ids": ids, "W": tables.offset}, padding)},
+            {"axis": -1}, result=out)
 
     def _new_var_name(self, base: str) -> str:
         name, k = base, 1

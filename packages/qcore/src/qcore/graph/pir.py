@@ -26,7 +26,7 @@ from ..errors import GraphError
 from ..model_io import Model
 from ..optable import CONV_TYPES
 from ..quant import qmax, scale_from_threshold
-from .base import ActivationGrid, Graph, Operand, OpRef, QuantizedWeight, StoredWeight
+from .base import ActivationGrid, Graph, LookupTables, Operand, OpRef, QuantizedWeight, StoredWeight
 
 _PARAM_OP = "builtin.parameter"
 _ACT_QDQ = "pd_op.fake_quantize_dequantize_moving_average_abs_max"
@@ -196,22 +196,32 @@ class PirGraph(Graph):
         with self._inserting_before(operand.op.raw):
             return paddle._C_ops.multiply(paddle._C_ops.cast(codes, paddle.float32), scale)
 
-    def _build_lookup_dq(
-        self, op: OpRef, weight: Operand, codes: Any, scale: Any, per_row: bool, log_step: float | None
-    ) -> None:
+    def _build_lookup_dq(self, op: OpRef, weight: Operand, tables: LookupTables) -> None:
         ids = op.raw.operand_source(0)
         padding_idx = int(op.raw.attrs().get("padding_idx", -1))
         # per row, the scale lookup zeroes the padding row, so the int8 lookup needs no padding_idx (paddle2onnx
         # 2.1 aborts on an int8 table with one)
         with self._inserting_before(op.raw):
-            codes_padding = -1 if per_row else padding_idx
-            value = paddle._C_ops.cast(paddle._C_ops.embedding(ids, codes, codes_padding, False), paddle.float32)
-            if log_step is not None:  # sign(c) * exp(log_step * (1 - |c|))
-                power = paddle._C_ops.scale(paddle._C_ops.abs(value), -log_step, log_step, True)
-                value = paddle._C_ops.multiply(paddle._C_ops.sign(value), paddle._C_ops.exp(power))
-            if per_row:
+            rows = paddle._C_ops.embedding(ids, tables.codes, -1 if tables.per_row else padding_idx, False)
+            if tables.byte_values is not None:  # packed: byte + 128 indexes the values of its codes
+                last = len(op.raw.result(0).shape) - 1  # positive axes, as the legacy form needs
+                index = paddle._C_ops.scale(paddle._C_ops.cast(rows, paddle.int64), 1.0, 128.0, True)
+                value = paddle._C_ops.flatten(paddle._C_ops.embedding(index, tables.byte_values, -1, False), last,
+                                              last + 1)
+                if tables.padded:
+                    value = paddle._C_ops.slice(value, [last], [0], [tables.dim], [1], [])
+            else:
+                value = paddle._C_ops.cast(rows, paddle.float32)
+                if tables.log_step is not None:  # sign(c) * exp(log_step * (1 - |c|))
+                    step = tables.log_step
+                    power = paddle._C_ops.scale(paddle._C_ops.abs(value), -step, step, True)
+                    value = paddle._C_ops.multiply(paddle._C_ops.sign(value), paddle._C_ops.exp(power))
+            scale = tables.scale
+            if tables.per_row:
                 scale = paddle._C_ops.embedding(ids, scale, padding_idx, False)
             value = paddle._C_ops.multiply(value, scale)
+            if tables.offset is not None:
+                value = paddle._C_ops.add(value, paddle._C_ops.embedding(ids, tables.offset, padding_idx, False))
         self._replace_result(op.raw, value)
 
     def _single_user(self, value: Any) -> Any | None:
