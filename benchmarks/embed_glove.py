@@ -32,15 +32,30 @@ import numpy as np
 from embed_table import machine
 
 RESULTS = Path(__file__).parent / "results"
-VARIANTS = {  # name -> (quantize_type, bits, per_row); None: the fp32 table
+VARIANTS = {  # name -> quant_embedding table config; None: the fp32 table
     "fp32": None,
-    "int8 abs_max, one scale (seed default)": ("abs_max", 8, False),
-    "int8 abs_max, per-row scales": ("abs_max", 8, True),
-    "int8 log, one scale": ("log", 8, False),
-    "int8 log, per-row": ("log", 8, True),
-    "int4 abs_max, one scale": ("abs_max", 4, False),
-    "int4 abs_max, per-row scales (packed)": ("abs_max", 4, True),
+    "int8 abs_max, one scale (seed default)": {"quantize_type": "abs_max"},
+    "int8 abs_max, per-row scales": {"per_row": True},
+    "int8 log, one scale": {"quantize_type": "log"},
+    "int8 log, per-row": {"quantize_type": "log", "per_row": True},
+    "int4 abs_max, one scale (packed)": {"quantize_bits": 4},
+    "int4 abs_max, per-row scales, searched (packed)": {"quantize_bits": 4, "per_row": True, "asymmetric": False},
+    "int4 abs_max, per-row scales + offsets, searched (packed)": {"quantize_bits": 4, "per_row": True,
+                                                                  "asymmetric": True},
+    "int2 abs_max, per-row scales + offsets, searched (packed)": {"quantize_bits": 2, "per_row": True,
+                                                                  "asymmetric": True},
+    "quantize_bits='auto' (budget 0.02)": {"quantize_bits": "auto", "per_row": "auto"},
+    "quantize_bits='auto', max_error 0.1": {"quantize_bits": "auto", "per_row": "auto", "max_error": 0.1},
 }
+
+
+def choose(table: np.ndarray, config: dict):  # type: ignore[no-untyped-def]
+    """The table-level choice ``quant_embedding_model`` makes for ``config``."""
+    from qembed.table import DEFAULT_MAX_ERROR, choose_table_quantization
+
+    return choose_table_quantization(
+        table, config.get("quantize_type", "abs_max"), config.get("quantize_bits", 8), config.get("per_row", False),
+        None, config.get("asymmetric", "auto"), config.get("max_error", DEFAULT_MAX_ERROR))
 
 
 def load_glove() -> tuple[np.ndarray, list[str]]:
@@ -116,7 +131,7 @@ def paddle_sizes_and_deployed_wordsim(
     from qcore.inference import predict
     from qcore.model_io import find_model_files
     from qdemo.testing import save_tiny_net
-    from qembed import quant_embedding_model, quantize_table
+    from qembed import quant_embedding_model
 
     class Lookup(paddle.nn.Layer):
         def __init__(self) -> None:
@@ -140,17 +155,14 @@ def paddle_sizes_and_deployed_wordsim(
             if variant is None:
                 quantized, expected = files, table[ids]
             else:
-                kind, bits, per_row = variant
-                config = {"quantize_type": kind, "quantize_bits": bits, "per_row": per_row}
-                quantized, _ = quant_embedding_model(source, workdir / f"{fmt}-{name}", config, **kwargs)
-                expected = quantize_table(table, kind, bits, per_row).rows(ids)
+                quantized, _ = quant_embedding_model(source, workdir / f"{fmt}-{name}", variant, **kwargs)
+                expected = choose(table, variant).table.rows(ids)
             deployed = predict(quantized, {"ids": ids})[0]
             lookup = {int(i): k for k, i in enumerate(ids)}
             a = deployed[[lookup[int(i)] for i in pairs[:, 0]]]
             b = deployed[[lookup[int(i)] for i in pairs[:, 1]]]
             size = _params_bytes(quantized) / 2**20
-            label = name.replace("(packed)", "(one code per int8 byte)")  # Paddle has no 4-bit dtype
-            out.append((fmt, label, size, wordsim_score(a, b, human), float(np.abs(deployed - expected).max())))
+            out.append((fmt, name, size, wordsim_score(a, b, human), float(np.abs(deployed - expected).max())))
     return out
 
 
@@ -199,7 +211,7 @@ def main() -> None:
     parser.add_argument("--skip-paddle", action="store_true", help="table-level metrics only")
     parser.add_argument("--paddleslim-python", default=None, help="python of a venv with PaddleSlim 2.6")
     args = parser.parse_args()
-    from qembed import choose_table_quantization, quantize_table
+    from qembed import choose_table_quantization
 
     table, words = load_glove()
     index = {w: i for i, w in enumerate(words)}
@@ -226,13 +238,13 @@ def main() -> None:
         if variant is None:
             results[name] = (table, table.nbytes, 0.0)
             continue
-        kind, bits, per_row = variant
         start = time.perf_counter()
-        q = quantize_table(table, kind, bits, per_row)
+        choice = choose(table, variant)
         seconds = time.perf_counter() - start
-        if bits <= 4 and per_row:
-            q = q.packed_int4()
-        results[name] = (q.dequantize(), q.codes.nbytes + q.scales.nbytes, seconds)
+        q = choice.table
+        if choice.errors_by_bits:
+            name = f"{name}: chose int{q.bits}"
+        results[name] = (q.dequantize(), q.stored_bytes, seconds)
         if q.log_step is not None:
             grids.append(f"{name}: {math.log(2) / q.log_step:.2f} levels per octave")
     if args.paddleslim_python:
@@ -270,8 +282,7 @@ def main() -> None:
             "",
             "Model: ids -> Embedding(400000, 50), saved as PIR (`.json` + `.pdiparams`) and legacy "
             "(`__model__` + one file per parameter). WordSim353 is computed from the rows the predictor returns. "
-            "Paddle has no 4-bit dtype, so int4 codes take one int8 byte each in the model file; packing two "
-            "per byte is offered by the numpy / `.npy` API only.",
+            "Codes of 4 bits and below are stored packed (two or four a byte) and unpacked by the lookup.",
             "",
             "| format | variant | params on disk (MiB) | WordSim353 (deployed) | max abs diff vs numpy rows |",
             "|---|---|---:|---:|---:|",

@@ -43,8 +43,12 @@ VARIANTS = {  # name -> quant_embedding config; None: the float model
     "int8 abs_max, per-row": {"quantize_type": "abs_max", "per_row": True},
     "int8 log, one scale": {"quantize_type": "log"},
     "int8 log, per-row": {"quantize_type": "log", "per_row": True},
-    "int4 abs_max, one scale": {"quantize_bits": 4},
-    "int4 abs_max, per-row": {"quantize_bits": 4, "per_row": True},
+    "int4 abs_max, one scale (packed)": {"quantize_bits": 4},
+    "int4 abs_max, per-row, searched, symmetric (packed)": {"quantize_bits": 4, "per_row": True, "asymmetric": False},
+    "int4 abs_max, per-row, searched, offsets (packed)": {"quantize_bits": 4, "per_row": True, "asymmetric": True},
+    "int2 abs_max, per-row, searched, offsets (packed)": {"quantize_bits": 2, "per_row": True, "asymmetric": True},
+    "quantize_bits='auto' (default budget 0.02)": {"quantize_bits": "auto", "per_row": "auto"},
+    "quantize_bits='auto', max_error 0.1": {"quantize_bits": "auto", "per_row": "auto", "max_error": 0.1},
 }
 # paddle.static save routes for a legacy program (the PIR translation of LAC does not run, see main)
 ROUTES = ("save_inference_model", "save_persistables", "save_vars", "static.save")
@@ -164,7 +168,7 @@ def main() -> None:
     from qcore.model_io import load_model
     from qcore.outputs import write_bytes
     from qembed import quant_embedding, quant_embedding_model
-    from qembed.table import quantize_table, relative_error
+    from qembed.table import DEFAULT_MAX_ERROR, choose_table_quantization
 
     lac = package_dir("LAC") / "lac_model"
     lexer = Lexer(lac / "conf")
@@ -188,9 +192,13 @@ def main() -> None:
                 start = time.perf_counter()
                 quant_embedding(model.program, paddle.CPUPlace(), {"params_name": TABLE, **config}, model.scope)
                 seconds = time.perf_counter() - start
-                q = quantize_table(table, config.get("quantize_type", "abs_max"), config.get("quantize_bits", 8),
-                                   config.get("per_row", False))
-                err = relative_error(table, q)
+                choice = choose_table_quantization(
+                    table, config.get("quantize_type", "abs_max"), config.get("quantize_bits", 8),
+                    config.get("per_row", False), None, config.get("asymmetric", "auto"),
+                    config.get("max_error", DEFAULT_MAX_ERROR))
+                err = choice.error
+                if choice.errors_by_bits:
+                    name = f"{name}: chose int{choice.table.bits}"
             start = time.perf_counter()
             tags = run_tags(model, batches)
             run_seconds = time.perf_counter() - start
@@ -253,8 +261,9 @@ def main() -> None:
         "",
         "For the float row, `quant_embedding_model` is the size of LAC's own model directory. "
         "`save_persistables` and `save_vars` write the persistables only (no program); `static.save` is "
-        "`paddle.static.save` (`.pdparams` + `.pdopt` + `.pdmodel`). Paddle has no 4-bit dtype: int4 codes take "
-        "one byte each in a model file (the numpy API packs two per byte). The PIR translation of this model "
+        "`paddle.static.save` (`.pdparams` + `.pdopt` + `.pdmodel`). Codes of 4 bits and below are stored packed "
+        "(two or four a byte) in every route, and the lookup unpacks only the rows it reads (issue 25). "
+        "The PIR translation of this model "
         "(`load_model(..., family='pir')`) does not run in Paddle 3.3.1 (a `reshape` shape error in the "
         "translated GRU), so LAC is measured as a legacy program only; the PIR save routes are covered by "
         "`packages/qembed/tests/test_saved_bytes.py`.",

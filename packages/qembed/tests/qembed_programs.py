@@ -85,3 +85,16 @@ def saved_param_files(route: str, p: StaticProgram, directory: Path) -> dict[str
             assert route == "static.save", route
             paddle.static.save(p.main, str(directory / "model"))
     return {f.name: f.stat().st_size for f in directory.iterdir() if f.suffix not in PROGRAM_SUFFIXES}
+
+
+def float_run(emb_model: tuple, ids: np.ndarray, table: np.ndarray | None = None) -> np.ndarray:
+    """Executor output of a saved float model (the ``emb_model`` fixture), optionally with its table replaced."""
+    from qcore.graph import open_graph
+    from qcore.model_io import load_model
+
+    directory, kwargs, _ = emb_model
+    graph = open_graph(load_model(directory, **kwargs))
+    if table is not None:
+        (op,) = graph.ops(["lookup_table"])
+        graph.replace_weight(graph.weight_operand(op), table)
+    return graph.run({"ids": ids})[0]

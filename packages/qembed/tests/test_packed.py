@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 import pytest
+from qembed_programs import float_run
 
 from qcore.errors import ConfigError, DataError, GraphError
 from qcore.graph import open_graph
@@ -21,15 +22,6 @@ VOCAB, DIM = 2000, 32  # TinyEmbeddingNet's table in conftest.py
 def _dynamic_afterwards():
     yield
     paddle.disable_static()
-
-
-def _float_run(emb_model, ids, table=None):
-    directory, kwargs, _ = emb_model
-    graph = open_graph(load_model(directory, **kwargs))
-    if table is not None:
-        (op,) = graph.ops(["lookup_table"])
-        graph.replace_weight(graph.weight_operand(op), table)
-    return graph.run({"ids": ids})[0]
 
 
 @pytest.mark.parametrize("config", [
@@ -50,7 +42,7 @@ def test_packed_tables_are_stored_packed_and_run_as_their_numpy_rows(emb_model, 
     assert stored.dtype == np.int8 and stored.shape == (VOCAB, packed_width(DIM, bits))  # DIM / 2 or DIM / 4
     np.testing.assert_array_equal(stored, pack_codes(q.codes, bits))
     assert report.quantized_bytes == stored.size + 4 * (q.scales.size + (0 if q.offsets is None else q.offsets.size))
-    expected = _float_run(emb_model, ids, q.dequantize())  # the float model on the dequantized table
+    expected = float_run(emb_model, ids, q.dequantize())  # the float model on the dequantized table
     np.testing.assert_allclose(load_model(files).run({"ids": ids})[0], expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(predict(files, {"ids": ids})[0], expected, rtol=1e-5, atol=1e-6)  # oneDNN int8 on
     assert (q.offsets is not None) == report.choice.asymmetric == config.get("asymmetric", report.choice.asymmetric)

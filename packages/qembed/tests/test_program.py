@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 import pytest
-from qembed_programs import SAVE_ROUTES, StaticProgram
+from qembed_programs import SAVE_ROUTES, StaticProgram, float_run
 
 from qcore.errors import ConfigError, GraphError
 from qcore.graph import open_graph
@@ -14,16 +14,6 @@ from qcore.model_io import find_model_files, load_model
 from qembed import quant_embedding, quant_embedding_model, quantize_table
 
 VOCAB, DIM = 2000, 32  # TinyEmbeddingNet's table in conftest.py
-
-
-def _float_run(emb_model, ids, table=None):
-    """Executor output of the float model, optionally with its table replaced by ``table``."""
-    directory, kwargs, _ = emb_model
-    graph = open_graph(load_model(directory, **kwargs))
-    if table is not None:
-        (op,) = graph.ops(["lookup_table"])
-        graph.replace_weight(graph.weight_operand(op), table)
-    return graph.run({"ids": ids})[0]
 
 
 def _params_bytes(files):
@@ -46,12 +36,12 @@ def test_saved_model_runs_quantized_in_executor_and_inference(emb_model, ids, tm
     assert files.family == find_model_files(directory, **kwargs).family
     assert (files.params_file is None) == (fmt == "legacy_separate")  # the input's file layout is kept
     # the program computes exactly the float model on the dequantized table ...
-    expected = _float_run(emb_model, ids, report.choice.table.rows(np.arange(VOCAB)))
+    expected = float_run(emb_model, ids, report.choice.table.rows(np.arange(VOCAB)))
     quantized = load_model(files)
     np.testing.assert_allclose(quantized.run({"ids": ids})[0], expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(predict(files, {"ids": ids})[0], expected, rtol=1e-5, atol=1e-6)
     # ... which is close to the float model
-    reference = _float_run(emb_model, ids)
+    reference = float_run(emb_model, ids)
     err = np.linalg.norm(expected - reference) / np.linalg.norm(reference)
     assert err < max_err, err
     # and the file holds int8 codes (about 1/4 of the float parameters), or packed int4 ones (about 1/8)

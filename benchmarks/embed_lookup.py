@@ -1,0 +1,136 @@
+"""Packed embedding tables in paddle.inference: size, lookup latency against the float lookup, output error.
+
+A recommender-style table (nothing real of this kind ships in a wheel): 1,000,000 x 64 fp32 rows whose
+norms are log-normal (a few hot rows of large norm), looked up with Zipf(1.1)-distributed ids as real
+feature ids are, 32 samples x 20 ids per batch, mean-pooled (a bag of features). The model is
+``ids -> embedding -> mean over the bag``, saved as a PIR program and as a legacy one, quantized by
+``qembed.quant_embedding_model`` per scheme. Per model: the file size, the median latency of one batch in
+``paddle.inference`` (qcore's default predictor: oneDNN, the int8 switch on), every model's runs
+interleaved with the float model's in one loop, and the pooled output's error against float over 100
+Zipf batches (relative L2 and cosine).
+
+    python benchmarks/embed_lookup.py [--rows 1000000] [--repeats 2000]
+
+Writes ``benchmarks/results/embed_lookup.md`` (atomically).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from embed_table import machine
+
+RESULTS = Path(__file__).parent / "results"
+DIM, BATCH, BAG = 64, 32, 20
+SCHEMES = {  # name -> quant_embedding config; None: the float model
+    "float": None,
+    "int8, per-row": {"per_row": True},
+    "int4, per-row, packed": {"quantize_bits": 4, "per_row": True, "asymmetric": False},
+    "int4, per-row + offsets, packed": {"quantize_bits": 4, "per_row": True, "asymmetric": True},
+    "int2, per-row + offsets, packed": {"quantize_bits": 2, "per_row": True, "asymmetric": True},
+}
+
+
+def recommender_table(rows: int, rng: np.random.Generator) -> np.ndarray:
+    norms = rng.lognormal(mean=-2.0, sigma=0.6, size=(rows, 1))
+    return (rng.standard_normal((rows, DIM)) * norms / np.sqrt(DIM)).astype(np.float32)
+
+
+def zipf_ids(rows: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` batches of ``BATCH x BAG`` ids: Zipf(1.1) ranks over a random permutation of the rows."""
+    ranks = rng.zipf(1.1, size=(n, BATCH, BAG)) - 1
+    perm = rng.permutation(rows)
+    return perm[np.minimum(ranks, rows - 1)].astype(np.int64)
+
+
+def save_float_model(table: np.ndarray, directory: Path, family: str) -> None:
+    import paddle
+
+    from qcore.paddle_env import static_mode
+
+    scope = paddle.static.Scope()
+    with static_mode(family, scope):
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup):
+            ids = paddle.static.data("ids", [-1, BAG], "int64")
+            weight = paddle.static.create_parameter(list(table.shape), "float32", name="table")
+            pooled = paddle.mean(paddle.nn.functional.embedding(ids, weight), axis=1)  # paddle.sum fails on legacy
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        exe.run(startup)
+        scope.var("table").get_tensor().set(table, paddle.CPUPlace())
+        paddle.static.save_inference_model(str(directory / "inference"), [ids], [pooled], exe, program=main)
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=2000, help="interleaved rounds (one run of every model)")
+    args = parser.parse_args()
+    import paddle
+
+    from qcore.inference import create_predictor, interleaved_latency, run_predictor
+    from qcore.model_io import find_model_files
+    from qcore.outputs import write_bytes
+    from qembed import quant_embedding_model
+
+    rng = np.random.default_rng(0)
+    table = recommender_table(args.rows, rng)
+    batches = zipf_ids(args.rows, 100, rng)
+    rows_out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for family in ("pir", "legacy"):
+            float_dir = Path(tmp) / family / "float"
+            float_dir.mkdir(parents=True)
+            save_float_model(table, float_dir, family)
+            files = {}
+            for name, config in SCHEMES.items():
+                if config is None:
+                    files[name] = find_model_files(float_dir)
+                    continue
+                out, _ = quant_embedding_model(float_dir, Path(tmp) / family / name.replace(" ", "_"), config)
+                files[name] = out
+            predictors = {name: create_predictor(f) for name, f in files.items()}
+            reference = [run_predictor(predictors["float"], {"ids": b})[0] for b in batches]
+            ms = interleaved_latency(predictors, {"ids": batches[0]}, repeats=args.repeats, warmup=20)
+            for name, f in files.items():
+                got = [run_predictor(predictors[name], {"ids": b})[0] for b in batches]
+                ref, out = np.concatenate(reference).ravel(), np.concatenate(got).ravel()
+                rel = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+                per_sample = [np.sum(a * b, -1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+                              for a, b in zip(reference, got)]
+                cos = float(np.mean(np.concatenate(per_sample)))
+                size = dir_bytes(f.directory)
+                rows_out.append((family, name, size, ms[name], ms[name] / ms["float"], rel, cos))
+                print(family, name, f"{size / 2**20:.1f} MiB", f"{ms[name]:.3f} ms",
+                      f"{ms[name] / ms['float']:.2f}x", f"rel {rel:.4f} cos {cos:.5f}", flush=True)
+    float_size = {fam: s for fam, n, s, *_ in rows_out if n == "float"}
+    lines = [
+        "# Packed embedding tables: size, lookup latency, output error (paddle.inference)",
+        "",
+        f"Table: {args.rows:,} x {DIM} fp32, rows of log-normal norm; ids Zipf(1.1) over the rows, batch {BATCH} "
+        f"x {BAG} ids, mean-pooled. Model `ids -> embedding -> mean`, saved as PIR and as legacy, quantized by "
+        f"`quant_embedding_model`. Latency: median of {args.repeats} interleaved runs of one batch per model "
+        "(qcore's default predictor: oneDNN with the int8 switch, 2 threads). Error: pooled outputs against float "
+        f"over 100 Zipf batches. Machine: {machine()}, Paddle {paddle.__version__}. Produced by "
+        "`benchmarks/embed_lookup.py`.",
+        "",
+        "| IR | scheme | MiB on disk | x float | latency (ms) | x float lookup | output rel. L2 | output cosine |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for family, name, size, ms_, ratio, rel, cos in rows_out:
+        lines.append(f"| {family} | {name} | {size / 2**20:.1f} | {size / float_size[family]:.3f} | {ms_:.3f} | "
+                     f"{ratio:.2f} | {rel:.4f} | {cos:.5f} |")
+    RESULTS.mkdir(exist_ok=True)
+    write_bytes(RESULTS / "embed_lookup.md", ("\n".join(lines) + "\n").encode())
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
