@@ -362,3 +362,14 @@ def save_model(
         for name, data in (extra_files or {}).items():
             (staging / check_file_name(name, "extra file")).write_bytes(data)
     return ModelFiles(save_dir / model_name, save_dir / params_name if params_name else None, model.family)
+
+
+def export_layer(layer: Any, prefix: str | os.PathLike[str], input_spec: Any = None, family: Family = "pir") -> None:
+    """``paddle.jit.save`` a ``paddle.nn.Layer`` as a ``family`` program (``<prefix>.json`` or ``.pdmodel``)."""
+    if family not in FAMILIES:
+        raise ModelFormatError(f"family={family!r} is not valid; valid choices: 'pir', 'legacy'")
+    if family == "legacy":
+        with paddle.pir_utils.DygraphOldIrGuard():
+            paddle.jit.save(layer, str(prefix), input_spec=input_spec)
+    else:
+        paddle.jit.save(layer, str(prefix), input_spec=input_spec)

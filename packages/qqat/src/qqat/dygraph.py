@@ -34,7 +34,7 @@ from qcore.deploy.apply import Planned
 from qcore.distributed import active, all_gather, check_same, digest_files, on_rank0
 from qcore.errors import ConfigError, QuantError
 from qcore.graph import Graph, OpRef, open_graph
-from qcore.model_io import ModelFiles, check_model_output, load_model
+from qcore.model_io import ModelFiles, check_model_output, export_layer, load_model
 from qcore.paddle_env import FAMILIES
 
 from .config import dygraph_config
@@ -221,11 +221,7 @@ def _unwrapped(model: nn.Layer) -> Iterator[None]:
 
 def _export_float(model: nn.Layer, prefix: Path, input_spec: Sequence[Any] | None, family: str) -> None:
     with _unwrapped(model):
-        if family == "legacy":
-            with paddle.pir_utils.DygraphOldIrGuard():
-                paddle.jit.save(model, str(prefix), input_spec=input_spec)
-        else:
-            paddle.jit.save(model, str(prefix), input_spec=input_spec)
+        export_layer(model, prefix, input_spec, family)  # type: ignore[arg-type]
 
 
 def _match_ops(graph: Graph, wrapped: dict[str, QuantedLayer]) -> list[tuple[QuantedLayer, OpRef]]:
