@@ -35,13 +35,15 @@ import paddle
 
 from qcore.config import QuantConfig
 from qcore.deploy import Deployment
-from qcore.errors import GraphError, QuantError
+from qcore.errors import ConfigError, GraphError, QuantError
 from qcore.graph import Graph, Operand, OpRef, open_graph
 from qcore.model_io import Model
 from qcore.paddle_env import cpu_executor, static_mode
 from qcore.quant import abs_max, fake_quantize
 
 from .config import static_config
+from .legacy_static import convert_legacy, quant_aware_legacy
+from .legacy_static import graph_of as legacy_graph
 
 log = logging.getLogger(__name__)
 Hook = Callable[[Any], Any] | None
@@ -52,15 +54,29 @@ _ROUND_HALF_EVEN = 0  # Paddle's round_type 0, what qcore.quant uses
 _INT8_MAPS: dict[Any, Any] = {}  # int8 program -> IrMapping from the converted program
 
 
-def _check_program(program: Any, what: str) -> None:
+def _family(program: Any, what: str) -> str:
+    """'pir' or 'legacy' for the two static program kinds; one line for anything else."""
     if isinstance(program, paddle.pir.Program):
-        return
+        return "pir"
+    if isinstance(program, paddle.base.framework.Program):
+        return "legacy"
     if isinstance(program, paddle.static.CompiledProgram):
         raise QuantError(f"{what} takes the Program, not a CompiledProgram; pass the program you compiled")
-    raise QuantError(
-        f"{what} works on PIR programs (paddle.pir.Program, Paddle 3's default); got {type(program).__name__}. "
-        "Build the program without OldIrGuard / FLAGS_enable_pir_api=0"
-    )
+    raise QuantError(f"{what} takes a paddle.static.Program (legacy) or paddle.pir.Program; got "
+                     f"{type(program).__name__}")
+
+
+def _check_slim_keywords(family: str, hooks: tuple[Hook, ...], calib_config: Mapping[str, Any] | None,
+                         model_type: str | None) -> None:
+    if family == "legacy" and any(h is not None for h in hooks):
+        raise ConfigError("the *_quantize_func / *_preprocess_func hooks work on PIR programs only; build the "
+                          "program in PIR mode (Paddle 3's default) or leave the hooks out")
+    if calib_config:
+        raise ConfigError("calib_config (PTQ-initialised scales) is not supported; pass scale_dict={tensor: scale} "
+                          "from qptq.quant_post_static's report, or leave it out (scales learn from 0)")
+    if model_type is not None:
+        raise ConfigError(f"model_type={model_type!r} is not supported; list the op types to quantize in "
+                          "config['quantize_op_types'] (e.g. add 'matmul_v2' for transformers)")
 
 
 def _graph(program: Any, scope: Any) -> Graph:
@@ -152,19 +168,47 @@ def quant_aware(
     act_preprocess_func: Hook = None,
     optimizer_func: Callable[[], Any] | None = None,
     executor: Any = None,
+    return_program: bool = False,
+    calib_config: Mapping[str, Any] | None = None,
+    draw_graph: bool = False,
+    return_scale_dict: bool = False,
+    scale_dict: Mapping[str, float] | None = None,
+    model_type: str | None = None,
+    pattern_ops: Any = None,
 ) -> Any:
-    """Insert fake quantization into a PIR forward ``program`` in place and return it.
+    """Insert fake quantization into ``program`` (PIR or legacy) in place and return it.
 
-    Call it on the training program *before* ``optimizer.minimize`` and on the test program
+    PIR: call it on the training program *before* ``optimizer.minimize`` and on the test program
     (cloned with ``clone(for_test=True)`` before both) with ``for_test=True``. The hooks take
     and return a ``paddle.pir.Value`` and replace (``*_quantize_func``) or precede
     (``*_preprocess_func``) the built-in quantization; parameters they create are initialised
     right away with ``executor`` (a CPU executor when None) and are trained by the program's
     own ``minimize``, which is why ``optimizer_func`` is not needed under PIR (see the docs).
-    ``place`` is accepted for compatibility; the executor decides the device.
+    Legacy programs (:mod:`qqat.legacy_static`): before or after ``minimize``; no hooks.
+    ``place`` is accepted for compatibility; the executor decides the device. PaddleSlim 2.6's keywords:
+    ``scale_dict`` ({activation: scale}) starts the activation scales there (legacy programs);
+    ``return_scale_dict`` returns ``(program, {activation: scale})``; ``return_program`` and ``draw_graph``
+    are accepted (a Program is always returned, nothing is drawn); ``calib_config``, ``model_type`` and
+    ``pattern_ops`` are refused with the alternative named when set.
     """
-    _check_program(program, "quant_aware")
+    family = _family(program, "quant_aware")
     cfg = static_config(config)
+    _check_slim_keywords(family, (weight_quantize_func, act_quantize_func, weight_preprocess_func,
+                                  act_preprocess_func), calib_config, model_type)
+    if pattern_ops is not None:
+        raise ConfigError("pattern_ops is not supported; list the op types in config['quantize_op_types']")
+    del return_program, draw_graph
+    if family == "legacy":
+        scope = scope or paddle.static.global_scope()
+        scales = quant_aware_legacy(program, legacy_graph(program, scope), cfg, for_test, scale_dict)
+        if not scales:
+            log.warning("no op of %s found in the program: nothing to quantize", list(cfg.effective_op_types))
+        if return_scale_dict:
+            return program, {a: float(np.array(scope.find_var(v).get_tensor()).reshape(-1)[0])
+                             for a, v in scales.items()}
+        return program
+    if scale_dict:
+        raise ConfigError("scale_dict starts legacy programs' scales; PIR programs learn them from 0")
     if optimizer_func is not None:
         log.info("optimizer_func is not used under PIR: minimize() after quant_aware trains the hooks' parameters")
     graph = _graph(program, scope)
@@ -187,6 +231,8 @@ def quant_aware(
                 op.raw.operand(weight.index).set_source(builder.weight(weight.value, axis, hooks))
         paddle.pir.set_insertion_point_to_block_end(program.global_block())
     builder.initialise(executor)
+    if return_scale_dict:
+        return program, {name: 0.0 for name in done}
     return program
 
 
@@ -218,13 +264,21 @@ def convert(
     keyword, see :mod:`qcore.deploy`) is validated; the program is PIR, which only ``tensorrt`` runs with
     int8 kernels (not run here), so for the CPU backends it warns that the result runs float kernels there.
     """
+    family = _family(program, "convert")
+    cfg = static_config(config)
+    scope = scope or paddle.static.global_scope()
+    if family == "legacy":
+        deployment = Deployment(deploy_backend, weight_bits=cfg.weight_bits, activation_bits=cfg.activation_bits)
+        deployment.check("", "legacy")
+        with static_mode("legacy", scope):
+            left_float = convert_legacy(program, legacy_graph(program, scope), cfg, deployment)
+        for weight, why in left_float.items():
+            log.info("convert: %s stays float (%s)", weight, why)
+        return (program, program) if save_int8 else program
     float_kernels = Deployment(deploy_backend).float_kernels_problem("pir")
     if deploy_backend is not None and float_kernels is not None:
         log.warning("convert: %s; for int8 speed on it export a legacy model (QAT.save_quantized_model(..., "
                     "family='legacy'))", float_kernels)
-    _check_program(program, "convert")
-    cfg = static_config(config)
-    scope = scope or paddle.static.global_scope()
     acts = [op for op in program.global_block().ops if op.name() in (_ACT_OP, _ACT_OP + "_")]
     if any(not op.attrs()["is_test"] for op in acts):
         raise QuantError("convert takes the test program: call quant_aware(test_program, ..., for_test=True)")
