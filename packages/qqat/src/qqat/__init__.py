@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from .dygraph import QAT
 from .fake_quant import fake_quantize_ste, pact_clip
+from .infermodel import export_quant_infermodel, quant_aware_with_infermodel
 from .static import convert, int8_values, quant_aware
 
 __version__ = "0.1.0"
 
-__all__ = ["QAT", "__version__", "convert", "fake_quantize_ste", "int8_values", "pact_clip", "quant_aware"]
+__all__ = [
+    "QAT", "__version__", "convert", "export_quant_infermodel", "fake_quantize_ste", "int8_values", "pact_clip",
+    "quant_aware", "quant_aware_with_infermodel",
+]
