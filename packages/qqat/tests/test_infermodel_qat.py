@@ -50,7 +50,8 @@ def test_qat_from_the_inference_model_checkpoints_exports_and_keeps_accuracy(tmp
                                 test_callback=callback)
     assert [name for name, _ in calls] == ["epoch_0_iter_9", "epoch_0_iter_19", "epoch_1_iter_9", "epoch_1_iter_19"]
     assert all((tmp_path / "ckpt" / f"{name}.pdparams").is_file() for name, _ in calls)
-    export_quant_infermodel(exe, paddle.CPUPlace(), train_config=config, checkpoint_path=tmp_path / "ckpt" / calls[-1][0],
+    export_quant_infermodel(exe, paddle.CPUPlace(), train_config=config,
+                            checkpoint_path=tmp_path / "ckpt" / calls[-1][0],
                             export_inference_model_path_prefix=str(tmp_path / "out" / "model"))
     files = find_model_files(tmp_path / "out")
     assert files.model_file.name == "model.pdmodel" and files.params_file.name == "model.pdiparams"
@@ -69,7 +70,8 @@ def test_qat_from_the_inference_model_checkpoints_exports_and_keeps_accuracy(tmp
 
 @pytest.mark.parametrize(("config", "message"), [
     ({}, "train_config must be a dict with at least 'model_path_prefix'"),
-    ({"model_path_prefix": PREFIX, "num_epochs": 2}, r"unknown train_config key 'num_epochs' \(did you mean 'num_epoch'"),
+    ({"model_path_prefix": PREFIX, "num_epochs": 2},
+     r"unknown train_config key 'num_epochs' \(did you mean 'num_epoch'"),
     ({"model_path_prefix": PREFIX, "use_pact": True}, "use_pact.*is not supported"),
     ({"model_path_prefix": PREFIX, "save_iter_step": 0}, r"train_config\['save_iter_step'\]=0 is not valid"),
     ({"model_path_prefix": PREFIX, "learning_rate": -1}, r"learning_rate'\]=-1 is not valid"),
