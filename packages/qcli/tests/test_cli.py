@@ -131,3 +131,47 @@ def test_paddles_noise_shows_only_with_verbose(tmp_path):
     verbose = subprocess.run([sys.executable, "-c", script, "--verbose", "ptq", "dynamic", model,
                               str(tmp_path / "w8")], capture_output=True, text=True, timeout=600)
     assert verbose.returncode == 0 and "old way to load" in verbose.stderr, verbose.stderr
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_every_failed_run_leaves_an_existing_output_byte_identical(tmp_path, capsys, monkeypatch):
+    """Issue 29's target: OUT already holds a model (and its report); each failure mode below exits non-zero
+    and leaves every byte under tmp_path as it was. (Exit 8, a verification failure after the model is
+    written, is the one documented exception: docs/safety.md.)"""
+    model = str(demo_model_dir("legacy"))
+    calib = tmp_path / "calib.npy"
+    np.save(calib, load_demo_data("calib")[0][:20])
+    out = tmp_path / "out"
+    assert main(["ptq", "static", model, str(out), "--data", str(calib), "--algo", "abs_max"]) == 0
+    objects = np.empty(2, object)
+    objects[:] = [np.zeros(3), np.zeros(4)]
+    np.save(tmp_path / "objects.npy", objects, allow_pickle=True)
+    (tmp_path / "a_file").write_text("not a directory")
+    before = _tree(tmp_path)
+    assert {"out/inference.pdmodel", "out/inference.pdiparams", "out.report.json"} <= set(before)
+    base = ["ptq", "static", model, str(out), "--data", str(calib)]
+    cases = [
+        (base + ["--eval-data", str(tmp_path / "missing.npy")], 5),
+        (base + ["--eval-labels", str(tmp_path / "missing.npy"), "--eval-data", str(calib)], 5),
+        (base + ["--report-html", str(tmp_path / "nodir" / "r.html")], 6),
+        (base + ["--report", str(tmp_path / "nodir" / "r.json")], 6),
+        (["ptq", "static", model, str(out), "--data", str(tmp_path / "objects.npy")], 5),
+        (base + ["--max-drop", "0.01", "--eval-data", str(calib), "--eval-labels", str(tmp_path / "objects.npy")], 5),
+        (["ptq", "dynamic", str(tmp_path / "missing"), str(out)], 4),
+        (["embed", model, str(out), "--bits", "9"], 3),
+        (["ptq", "static", model, str(tmp_path / "a_file"), "--data", str(calib)], 6),
+    ]
+    for argv, code in cases:
+        assert main(argv) == code, argv
+        assert "Traceback" not in capsys.readouterr().err
+        assert _tree(tmp_path) == before, argv
+    monkeypatch.setenv("QCORE_OPENVINO_CACHE", str(tmp_path / "a_file" / "cache"))  # under a file: unwritable
+    assert main(base + ["--backend", "openvino"]) == 6
+    assert _tree(tmp_path) == before
+    for argv in (base + ["--mean", "abc"], base + ["--algo", "kll"]):
+        with pytest.raises(SystemExit) as usage:
+            main(argv)
+        assert usage.value.code == 2 and _tree(tmp_path) == before
