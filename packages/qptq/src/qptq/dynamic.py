@@ -86,3 +86,7 @@ def quant_post_dynamic(
     if test_graph is not None:
         test_graph.save(Path(save_model_dir) / "test_model", *names)
     return files
+
+
+#: PaddleSlim's older name for :func:`quant_post_dynamic` (same signature), kept so its scripts run unchanged.
+quant_post_only_weight = quant_post_dynamic
