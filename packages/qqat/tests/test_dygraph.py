@@ -15,7 +15,7 @@ from qdemo.qat import predict_dygraph as logits
 from qdemo.testing import TinyConvNet, sample_input
 from qqat import QAT
 from qqat.layers import QuantedLayer
-from qqat.quanters import FakeQuanter, PACTQuanter
+from qqat.quanters import FakeQuanter, PACTFakeQuanter
 
 FLOAT_TOP1 = 86.0  # the bundled demo model on the 2000 test images
 PTQ_DEPLOYED_TOP1 = {"KL": 86.00, "abs_max": 85.70, "hist": 85.90, "mse": 85.90}  # qptq, docs/methods/ptq-static.md
@@ -96,7 +96,7 @@ def test_pact_alpha_is_trained_and_moves():
     paddle.seed(0)
     net = TinyConvNet()
     QAT({"activation_preprocess_type": "PACT", "weight_preprocess_type": "PACT"}).quantize(net)
-    assert isinstance(net.fc.act_quanter, PACTQuanter) and isinstance(net.conv.weight_quanter, PACTQuanter)
+    assert isinstance(net.fc.act_quanter, PACTFakeQuanter) and isinstance(net.conv.weight_quanter, PACTFakeQuanter)
     x = paddle.to_tensor(sample_input(32))
     target = paddle.to_tensor(np.random.default_rng(3).integers(0, 10, 32))
     opt = paddle.optimizer.Adam(learning_rate=0.01, parameters=net.parameters())
@@ -117,7 +117,7 @@ def test_pact_alpha_is_trained_and_moves():
 
 
 def _pacts(net):
-    return [(n, q) for n, q in net.named_sublayers() if isinstance(q, PACTQuanter)]
+    return [(n, q) for n, q in net.named_sublayers() if isinstance(q, PACTFakeQuanter)]
 
 
 @pytest.mark.parametrize("family", ["pir", "legacy"])

@@ -16,7 +16,7 @@ from paddle import nn
 
 from qcore.config import QuantConfig
 
-from .quanters import FakeQuanter, PACTQuanter
+from .quanters import FakeQuanter, PACTFakeQuanter
 
 
 def _pad(layer: nn.Layer, x: paddle.Tensor) -> paddle.Tensor:
@@ -63,7 +63,7 @@ class QuantedLayer(nn.Layer):
         axis, self._run = _LAYERS[kind]
         weight = layer.weight
         if config.weight_preprocess_type == "PACT":
-            self.weight_quanter: nn.Layer = PACTQuanter(config.weight_bits)  # weights agree on every rank
+            self.weight_quanter: nn.Layer = PACTFakeQuanter(config.weight_bits)  # weights agree on every rank
         else:
             self.weight_quanter = FakeQuanter(
                 config.weight_quantize_type, config.weight_bits, channels=weight.shape[axis], channel_axis=axis,
@@ -71,7 +71,7 @@ class QuantedLayer(nn.Layer):
                 window_size=config.window_size,
             )
         if config.activation_preprocess_type == "PACT":
-            self.act_quanter: nn.Layer = PACTQuanter(config.activation_bits, sync=sync)
+            self.act_quanter: nn.Layer = PACTFakeQuanter(config.activation_bits, sync=sync)
         else:
             self.act_quanter = FakeQuanter(
                 config.activation_quantize_type, config.activation_bits,

@@ -14,7 +14,7 @@ Activations update the state in training and use the stored threshold in eval, s
 computes exactly what the exported model will. Weights with ``abs_max`` types always use
 the current weight (which is what export quantizes).
 
-:class:`PACTQuanter` is PACT: the clip bound ``alpha`` is a trained parameter and also the
+:class:`PACTFakeQuanter` is PACT: the clip bound ``alpha`` is a trained parameter and also the
 quantization threshold, so its gradient has the clipping term (+-1 outside the range) and
 the rounding-error term inside it, and it moves in both directions while training.
 
@@ -23,6 +23,9 @@ activation quantizer built with ``sync=True`` takes the max of the batch abs max
 before updating its state, so every rank keeps the same threshold, equal to what one process
 would keep on the union of the ranks' batches; a PACT ``alpha`` starts from that max too and is
 then a parameter like any other (``DataParallel`` averages its gradient).
+
+PaddleSlim 2.6's quanter factories for :class:`qqat.SlimQAT` (``PACTQuanter``, ``ActLSQplusQuanter``,
+``WeightLSQplusQuanter``) are importable from here too; they live in :mod:`qqat.slim_quanters`.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ from qcore.observers import moving_average_update
 from qcore.quant import qmax
 
 from .fake_quant import fake_quantize_ste, pact_clip
+from .slim_quanters import ActLSQplusQuanter, PACTQuanter, WeightLSQplusQuanter
+
+__all__ = ["STATELESS", "ActLSQplusQuanter", "FakeQuanter", "PACTFakeQuanter", "PACTQuanter", "WeightLSQplusQuanter"]
 
 STATELESS = ("abs_max", "channel_wise_abs_max")
 
@@ -112,7 +118,7 @@ class FakeQuanter(nn.Layer):
         return self.threshold.numpy().astype(np.float64)
 
 
-class PACTQuanter(nn.Layer):
+class PACTFakeQuanter(nn.Layer):
     """PACT: ``clip(x, -alpha, alpha)`` quantized with threshold ``alpha``; ``alpha`` is trained.
 
     ``alpha`` starts at the abs max of the first tensor seen (nothing clipped at first).
