@@ -7,7 +7,13 @@ import pytest
 
 from qcore.errors import ConfigError
 from qcore.packing import (
-    byte_values, codes_per_byte, field_bits, pack_codes, packed_width, signed_fields, unpack_fields,
+    byte_values,
+    codes_per_byte,
+    field_bits,
+    pack_codes,
+    packed_width,
+    signed_fields,
+    unpack_fields,
 )
 
 

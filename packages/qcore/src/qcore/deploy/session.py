@@ -96,7 +96,9 @@ class Deployment:
     def bits_problem(self, family: str) -> str | None:
         """Why the runtime cannot run this run's bit widths for ``family`` (one line), or None."""
         problem = self.target.bits_problem(self.weight_bits, self.activation_bits, family)
-        return None if problem is None else f"weight_bits={self.weight_bits}, activation_bits={self.activation_bits}: {problem}"
+        if problem is None:
+            return None
+        return f"weight_bits={self.weight_bits}, activation_bits={self.activation_bits}: {problem}"
 
     def grids(self, symmetric: bool | None) -> str:
         """The activation grids of ``activation_symmetric``: "symmetric", "asymmetric" or "unsigned"."""
@@ -221,7 +223,10 @@ class Deployment:
                 f"(mostly: {reason}){hint}")
 
     def save(self, graph: Graph, directory: Any, model_filename: str, params_filename: str | None) -> ModelFiles:
-        """Write the quantized model atomically, with the files the runtime reads beside it (an ONNX export)."""
+        """Write the quantized model atomically, with the files the runtime reads beside it (an ONNX export);
+        a model made for an asked-for backend is marked with it."""
+        if self.requested:
+            mark_model(graph, self.target)
         return graph.save(directory, model_filename, params_filename,
                           extra_files=self.target.companion_files(graph.model))
 

@@ -445,6 +445,11 @@ class Graph(ABC):
             self._set_operand(operand, self._add_param(name, value.astype(np.float32), operand.op))
         return name
 
+    def int8_weight_codes(self) -> int:
+        """Store as int8 the integer-valued float32 weight codes ``dequantize_linear`` ops read (the form Paddle's
+        own QAT ``convert`` saves, which Paddle Inference's oneDNN int8 path runs wrongly); returns how many."""
+        raise GraphError(f"{self.family} programs: weight codes are stored by the exporter; nothing to convert")
+
     def fold_conv_bn(self) -> int:
         """Fold every inference batch_norm that directly follows a conv into the conv.
 

@@ -423,6 +423,24 @@ class LegacyGraph(Graph):
             self._drop_if_unused(n)
         return [StoredWeight(name, codes, steps, axis)] if codes.dtype == np.int8 else []
 
+    def int8_weight_codes(self) -> int:
+        count = 0
+        with self._editing():
+            for op in self.block.ops:
+                if op.type != "dequantize_linear":
+                    continue
+                var = self.block._find_var_recursive(op.input("X")[0])
+                if var is None or not var.persistable or var.dtype != core.VarDesc.VarType.FP32:
+                    continue
+                tensor = self.model.scope.find_var(var.name).get_tensor()
+                codes = np.array(tensor)
+                if not (np.array_equal(codes, np.rint(codes)) and np.abs(codes).max(initial=0) <= 128):
+                    continue  # not codes: a float weight some other tool dequantizes
+                var.desc.set_dtype(core.VarDesc.VarType.INT8)
+                tensor.set(np.clip(codes, -128, 127).astype(np.int8), core.CPUPlace())
+                count += 1
+        return count
+
     def clone(self) -> LegacyGraph:
         model = self.model
         with self._editing():
