@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import paddle
 import pytest
 
 from qcore.deploy import BACKEND_NAMES, TARGETS, available_targets, get_target, host
@@ -120,3 +121,41 @@ def test_weight_codes_bounded_by_max_code_still_represent_the_weight():
     assert np.abs(stored.codes).max() == 64
     step = (per_channel / 64).reshape(-1, 1, 1, 1)
     assert (np.abs(stored.dequantized() - w) <= step / 2 + 1e-7).all()  # half a (coarser) step
+
+
+class _Joins(paddle.nn.Layer):
+    """A residual add read by a LayerNorm, one read by a ReLU, and an attention-bias chain into a softmax."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = paddle.nn.Linear(8, 8)
+        self.norm = paddle.nn.LayerNorm(8)
+        self.relative = self.create_parameter([1, 2, 4, 4])
+
+    def forward(self, x: paddle.Tensor, mask: paddle.Tensor) -> paddle.Tensor:
+        y = self.fc(x)
+        normed = self.norm(y + x)  # post-LayerNorm residual: float
+        plain = paddle.nn.functional.relu(y + normed)  # a CNN-style join: int8
+        q = plain.reshape([0, 4, 2, 4]).transpose([0, 2, 1, 3])
+        bias = paddle.nn.functional.relu(self.relative) + ((1.0 - mask) * -10000.0).unsqueeze([1, 2])  # read by a join only
+        scores = paddle.matmul(q, q, transpose_y=True) * 0.5 + bias  # read by the softmax: float
+        return paddle.nn.functional.softmax(scores, -1).sum([1, 2, 3])
+
+
+def test_int8_joins_keep_only_joins_an_int8_kernel_reads(tmp_path):
+    """PIR only: Paddle 3.3.1's legacy jit.save cannot export paddle.matmul of two activations (_C_ops dispatch)."""
+    from qcore.deploy.base import int8_joins, residual_joins
+    from qcore.graph import open_graph
+    from qcore.model_io import export_layer, load_model
+
+    paddle.disable_static()
+    paddle.seed(0)
+    spec = [paddle.static.InputSpec([None, 4, 8], "float32", "x"), paddle.static.InputSpec([None, 4], "float32", "m")]
+    export_layer(_Joins(), tmp_path / "m" / "inference", spec, "pir")
+    graph = open_graph(load_model(tmp_path / "m"))
+    joins = residual_joins(graph)
+    kept = int8_joins(graph)
+    assert len(joins) == 4  # y + x, y + normed, relative + mask, scores + bias
+    assert len(kept) == 1  # only the join the ReLU reads
+    readers = graph.readers([t.op for t in kept])
+    assert [r.op.type.split(".")[-1] for r in readers[id(kept[0].op.raw)]] == ["relu"]

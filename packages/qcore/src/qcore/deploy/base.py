@@ -51,18 +51,32 @@ def residual_joins(graph: Graph, skip_patterns: Iterable[str] = ()) -> list[OpTa
     ]  # fmt: skip
 
 
-#: Ops that read a sum in float on every runtime: a join they read gains no int8 kernel from QDQ on its inputs.
-NORMALIZING_READERS = frozenset({"layer_norm"})
+#: Ops that read a sum in float on every runtime: a join they read gains no int8 kernel from QDQ on its inputs
+#: (a transformer's attention scores + mask / position bias go to a softmax).
+NORMALIZING_READERS = frozenset({"layer_norm", "softmax"})
 
 
 def int8_joins(graph: Graph, skip_patterns: Iterable[str] = ()) -> list[OpTarget]:
     """The residual joins worth quantizing: not those whose sum goes to a normalization (a transformer's
     post-LayerNorm residual stream carries outlier channels that one per-tensor grid cannot hold, and the
-    LayerNorm runs float anyway; measured: all-MiniLM-L6-v2 cosine to float 0.94 with them, 0.993 without)."""
+    LayerNorm runs float anyway; measured: all-MiniLM-L6-v2 cosine to float 0.94 with them, 0.993 without),
+    nor those read only by joins left float (an attention bias built from a position bias and a mask: one
+    per-tensor grid over the mask's -10000 and the bias's few units erases the bias; measured on
+    all-mpnet-base-v2: cosine 0.64 with nothing else quantized)."""
     joins = residual_joins(graph, skip_patterns)
     readers = graph.readers([t.op for t in joins])
-    return [t for t in joins
-            if not any(r.op.type.split(".")[-1] in NORMALIZING_READERS for r in readers[id(t.op.raw)])]
+    kept = {id(t.op.raw) for t in joins
+            if not any(r.op.type.split(".")[-1] in NORMALIZING_READERS for r in readers[id(t.op.raw)])}
+    ids = {id(t.op.raw) for t in joins}
+    changed = True
+    while changed:  # a join feeding only float joins gains nothing either
+        changed = False
+        for key in list(kept):
+            read_by = [id(r.op.raw) for r in readers[key]]
+            if read_by and all(r in ids and r not in kept for r in read_by):
+                kept.discard(key)
+                changed = True
+    return [t for t in joins if id(t.op.raw) in kept]
 
 
 #: Legacy op attribute recording which backend a model was quantized for (on its first op after the feeds).
