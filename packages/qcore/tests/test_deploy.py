@@ -137,7 +137,8 @@ class _Joins(paddle.nn.Layer):
         normed = self.norm(y + x)  # post-LayerNorm residual: float
         plain = paddle.nn.functional.relu(y + normed)  # a CNN-style join: int8
         q = plain.reshape([0, 4, 2, 4]).transpose([0, 2, 1, 3])
-        bias = paddle.nn.functional.relu(self.relative) + ((1.0 - mask) * -10000.0).unsqueeze([1, 2])  # read by a join only
+        mask_bias = ((1.0 - mask) * -10000.0).unsqueeze([1, 2])
+        bias = paddle.nn.functional.relu(self.relative) + mask_bias  # read by a join only
         scores = paddle.matmul(q, q, transpose_y=True) * 0.5 + bias  # read by the softmax: float
         return paddle.nn.functional.softmax(scores, -1).sum([1, 2, 3])
 

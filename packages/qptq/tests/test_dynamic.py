@@ -52,9 +52,11 @@ def test_default_quantizes_conv2d_and_mul_only(tiny_model, tmp_path):
     assert (files.model_file.name, files.params_file.name) == (
         "model.json" if files.family == "pir" else "model.pdmodel", "model.pdiparams")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted([files.model_file.name, "model.pdiparams"])
-    names = open_graph(load_model(tmp_path / "out")).param_names()
-    assert "conv2d_0.w_0.quantized" in names and "linear_0.w_0.quantized" in names
-    assert "conv2d_1.w_0" in names  # the depthwise conv is not in the default list
+    graph = open_graph(load_model(tmp_path / "out"))
+    stored = {op.seed_type: graph.weight_operand(op) for op in graph.ops(["conv2d", "depthwise_conv2d", "mul"])}
+    assert stored["depthwise_conv2d"] is not None  # the depthwise conv is not in the default list: float weight
+    quantized = [n for n in graph.param_names() if n.endswith(".w_0.quantized")]
+    assert len(quantized) == 2 and graph.get_param(quantized[0]).dtype == np.int8  # the conv and the fc
 
 
 def test_bad_arguments(tiny_model, tmp_path):
@@ -76,7 +78,7 @@ def test_all_zero_weights_stay_zero(tmp_path, tiny_input):
     save_tiny_net(net, tmp_path / "m", "legacy_pdmodel")
     quant_post_dynamic(tmp_path / "m", tmp_path / "out")
     graph = open_graph(load_model(tmp_path / "out"))
-    assert not np.abs(graph.get_param("linear_0.w_0.quantized")).any()
+    assert not np.abs(graph.get_param(f"{net.fc.weight.name}.quantized")).any()  # names follow Paddle's counters
     out = graph.run({"x": tiny_input})[0]
     assert np.isfinite(out).all()
     with pytest.raises(GraphError):
