@@ -54,6 +54,21 @@ def eager_mode() -> Iterator[None]:
             paddle.enable_static()
 
 
+@contextlib.contextmanager
+def layer_mode(layer: paddle.nn.Layer, training: bool) -> Iterator[None]:
+    """``layer`` in train or eval mode for the body; every sublayer's own mode restored after."""
+    modes = [(sub, sub.training) for sub in layer.sublayers(include_self=True)]
+    if training:
+        layer.train()
+    else:
+        layer.eval()
+    try:
+        yield
+    finally:
+        for sub, mode in modes:
+            sub.training = mode
+
+
 def cpu_executor() -> paddle.static.Executor:
     """An executor on the CPU, the place every test and benchmark here runs on."""
     return paddle.static.Executor(paddle.CPUPlace())

@@ -11,11 +11,10 @@ thresholds are those ``quant_post_static`` chooses on the exported model with th
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from paddle import nn
 
 from qcore.errors import ConfigError, DataError, QuantError, did_you_mean
 from qcore.model_io import check_model_output, export_layer, load_model
-from qcore.paddle_env import FAMILIES, eager_mode
+from qcore.paddle_env import FAMILIES, eager_mode, layer_mode
 
 from .static import quant_post_static
 
@@ -105,7 +104,8 @@ class PTQ:
         names = (prefix.name + (".json" if family == "pir" else ".pdmodel"), prefix.name + ".pdiparams")
         check_model_output(prefix.parent, family, *names)  # before any work
         spec = list(input_spec) if input_spec is not None else _input_spec(model)
-        with tempfile.TemporaryDirectory(prefix="qptq-dygraph-") as scratch, eager_mode(), _evaluating(model.layer):
+        with (tempfile.TemporaryDirectory(prefix="qptq-dygraph-") as scratch, eager_mode(),
+              layer_mode(model.layer, training=False)):
             export_layer(model.layer, Path(scratch) / "float", spec, family)  # type: ignore[arg-type]
             feeds = load_model(scratch).feed_names
             if len(feeds) != len(model.batches[0]):
@@ -131,15 +131,3 @@ def _input_spec(model: Recorder) -> list[paddle.static.InputSpec]:
         name = params[i].name if i < len(params) else f"x{i}"
         spec.append(paddle.static.InputSpec(dims, str(first.dtype), name))
     return spec
-
-
-@contextlib.contextmanager
-def _evaluating(layer: nn.Layer) -> Iterator[None]:
-    """Run the body with ``layer`` in eval mode, then restore its mode."""
-    training = layer.training
-    layer.eval()
-    try:
-        yield
-    finally:
-        if training:
-            layer.train()

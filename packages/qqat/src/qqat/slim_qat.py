@@ -16,12 +16,11 @@ calls ``paddle.to_tensor(None)``), so such a quanter is first wrapped to report 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from qcore.deploy import Deployment
 from qcore.errors import ConfigError, QuantError
 from qcore.graph import open_graph
 from qcore.model_io import ModelFiles, check_model_output, export_layer, load_model
+from qcore.paddle_env import layer_mode
 
 log = logging.getLogger(__name__)
 
@@ -142,21 +142,6 @@ class _ZeroPointed(BaseQuanter):
         return self.quanter.bit_length()
 
 
-@contextlib.contextmanager
-def _mode(model: nn.Layer, training: bool) -> Iterator[None]:
-    """``model`` in train or eval mode for the body; every sublayer's own mode restored after."""
-    modes = [(layer, layer.training) for layer in model.sublayers(include_self=True)]
-    if training:
-        model.train()
-    else:
-        model.eval()
-    try:
-        yield
-    finally:
-        for layer, mode in modes:
-            layer.training = mode
-
-
 def _quanters(model: nn.Layer) -> list[tuple[nn.Layer, str, BaseQuanter]]:
     """Every quanter in ``model`` as (parent, attribute name, quanter); quanters inside quanters are not listed."""
     found = []
@@ -202,7 +187,7 @@ class SlimQAT(QAT):
             raise ConfigError(f"add_name_config / add_layer_config named {', '.join(missing)}, which no layer of "
                               "this model has as full_name(); pass names from [l.full_name() for l in "
                               "model.sublayers()]")
-        with _mode(model, training=True):  # Paddle's QAT.quantize asserts train mode
+        with layer_mode(model, training=True):  # Paddle's QAT.quantize asserts train mode
             quantized = super().quantize(model, inplace=inplace)
         if not model.training:
             quantized.eval()
@@ -220,7 +205,7 @@ class SlimQAT(QAT):
         hooks = [q.register_forward_post_hook(lambda layer, _in, _out: reached.add(id(layer)))
                  for _, _, q in _quanters(model)]
         try:
-            with _mode(model, training=False), paddle.no_grad():
+            with layer_mode(model, training=False), paddle.no_grad():
                 model(*_as_list(inputs))
         finally:
             for hook in hooks:

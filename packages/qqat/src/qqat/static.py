@@ -42,7 +42,7 @@ from qcore.paddle_env import cpu_executor, static_mode
 from qcore.quant import abs_max, fake_quantize
 
 from .config import static_config
-from .legacy_static import convert_legacy, quant_aware_legacy
+from .legacy_static import convert_legacy, learned_scales, quant_aware_legacy
 from .legacy_static import graph_of as legacy_graph
 
 log = logging.getLogger(__name__)
@@ -203,10 +203,7 @@ def quant_aware(
         scales = quant_aware_legacy(program, legacy_graph(program, scope), cfg, for_test, scale_dict)
         if not scales:
             log.warning("no op of %s found in the program: nothing to quantize", list(cfg.effective_op_types))
-        if return_scale_dict:
-            return program, {a: float(np.array(scope.find_var(v).get_tensor()).reshape(-1)[0])
-                             for a, v in scales.items()}
-        return program
+        return (program, learned_scales(program, scope)) if return_scale_dict else program
     if scale_dict:
         raise ConfigError("scale_dict starts legacy programs' scales; PIR programs learn them from 0")
     if optimizer_func is not None:
