@@ -75,9 +75,10 @@ def main() -> None:
     args = parser.parse_args()
     import paddle
 
-    from qcore.inference import create_predictor, interleaved_latency, run_predictor
+    from qcore.inference import create_predictor, run_predictor
     from qcore.model_io import find_model_files
     from qcore.outputs import write_bytes
+    from qcore.scoring import interleaved_latency
     from qembed import quant_embedding_model
 
     rng = np.random.default_rng(0)

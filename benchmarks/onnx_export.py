@@ -43,8 +43,9 @@ from qcore.deploy.onnx_runtimes import ONNX_FILE  # noqa: E402
 from qcore.deploy.openvino_runtime import TARGET as OV  # noqa: E402
 from qcore.errors import ExportError  # noqa: E402
 from qcore.export import export_onnx  # noqa: E402
-from qcore.inference import create_predictor, interleaved_latency, run_predictor  # noqa: E402
+from qcore.inference import create_predictor, run_predictor  # noqa: E402
 from qcore.model_io import find_model_files  # noqa: E402
+from qcore.scoring import interleaved_latency  # noqa: E402
 from qptq import quant_post_dynamic, quant_post_static  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "onnx.md"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import paddle
 
-from qcore.inference import evaluate
 from qcore.model_io import ModelFiles, find_model_files
+from qcore.verify import evaluate
 from qdemo import INPUT_NAME, demo_model_dir, load_demo_data
 from qptq import quant_post_dynamic, quant_post_static
 

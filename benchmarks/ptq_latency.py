@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from qcore.deploy.verify import relative_error
-from qcore.inference import create_predictor, deployed_outputs, interleaved_latency, run_predictor
+from qcore.inference import create_predictor, run_predictor
 from qcore.model_io import ModelFiles, find_model_files
+from qcore.scoring import interleaved_latency, relative_error
+from qcore.verify import deployed_outputs
 from qptq import quant_post_static
 
 RESULTS = Path(__file__).parent / "results"

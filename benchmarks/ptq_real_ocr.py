@@ -31,8 +31,10 @@ import paddle
 from PIL import Image, ImageDraw, ImageFont
 
 from qcore.graph import open_graph
-from qcore.inference import create_predictor, deployed_outputs, interleaved_latency, run_predictor
+from qcore.inference import create_predictor, run_predictor
 from qcore.model_io import ModelFiles, find_model_files, load_model
+from qcore.scoring import interleaved_latency
+from qcore.verify import deployed_outputs
 from qptq import quant_post_static
 from qptq.calibrate import run_batches
 

@@ -22,8 +22,9 @@ import numpy as np
 import paddle
 from peak_rss import peak_rss_mb
 
-from qcore.inference import agreement, deployed_outputs, executor_outputs, top1
 from qcore.model_io import ModelFiles, find_model_files
+from qcore.scoring import agreement, top1
+from qcore.verify import deployed_outputs, executor_outputs
 from qdemo import INPUT_NAME, demo_model_dir, load_demo_data
 
 RESULTS = Path(__file__).parent / "results"

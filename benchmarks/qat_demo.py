@@ -16,8 +16,9 @@ from pathlib import Path
 
 import paddle
 
-from qcore.inference import evaluate, executor_outputs, top1
 from qcore.model_io import ModelFiles, find_model_files
+from qcore.scoring import top1
+from qcore.verify import evaluate, executor_outputs
 from qdemo import INPUT_NAME, demo_model_dir, load_demo_data
 from qdemo.qat import DEMO_INPUT_SPEC, finetune_demo, predict_dygraph
 from qptq import quant_post_static

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from qcore import constants as c
+from qcore.thresholds import ALGOS, LAYERWISE_ALGOS, PTQ_ALGO_CHOICES, canonical_algo
 
 # Written out from the seeds (section "量化训练方法的参数配置").
 SEED_TENSORRT_OP_TYPES = [
@@ -24,6 +25,7 @@ SEED_QUANT_DEQUANT_PASS_OP_TYPES = [
     "bilinear_interp", "nearest_interp", "trilinear_interp", "slice",
     "squeeze", "elementwise_sub", "relu", "relu6", "leaky_relu", "tanh", "swish",
 ]  # fmt: skip
+SEED_PTQ_ALGOS = ["KL", "abs_max", "direct", "hist", "mse", "avg", "emd"]
 
 ALL_TABLES = [
     "TENSORRT_OP_TYPES",
@@ -61,11 +63,18 @@ def test_option_sets_equal_the_seeds():
         "moving_average_abs_max",
     )
     assert c.ACTIVATION_QUANTIZE_TYPES == ("abs_max", "range_abs_max", "moving_average_abs_max")
-    assert c.PTQ_ALGOS == ("KL", "abs_max", "direct", "hist", "mse", "avg", "emd")
+    assert sorted(c.PTQ_ALGOS) == sorted(SEED_PTQ_ALGOS)  # in qcore.thresholds' order, which it is read off
     assert c.EMBEDDING_OP_TYPES == ("lookup_table", "fused_embedding_seq_pool", "pyramid_hash")
     assert c.EMBEDDING_QUANTIZE_TYPES == ("abs_max", "log")
     assert c.QUANT_DTYPES == ("int8", "uint8")
     assert c.PREPROCESS_TYPES == (None, "PACT")
+
+
+def test_ptq_algos_are_the_one_vocabulary_less_layerwise_algos():
+    assert [a.lower() for a in c.PTQ_ALGOS] == [a for a in PTQ_ALGO_CHOICES if a not in LAYERWISE_ALGOS]
+    assert {canonical_algo(a, extra=LAYERWISE_ALGOS) for a in (*c.PTQ_ALGOS, *LAYERWISE_ALGOS)} == {
+        *ALGOS, *LAYERWISE_ALGOS
+    }
 
 
 def test_quantizable_layer_types_cover_the_dygraph_default_and_transpose_conv():

@@ -9,11 +9,13 @@ Op names are those of the legacy ProgramDesc (``conv2d``, ``mul``, ...). The op-
 are read off :data:`qcore.optable.OP_TABLE` (by kind, in its order), which also translates
 each name to the PIR names (``pd_op.conv2d``, ...); only ``TENSORRT_OP_TYPES``, a config
 value of the seeds rather than a fact about ops, is written out.
+The PTQ ``algo`` names are read off :mod:`qcore.thresholds`, where the algorithms are.
 """
 
 from __future__ import annotations
 
 from .optable import FC, LOOKUP, activation_kinds, seed_types, weighted_kinds
+from .thresholds import LAYERWISE_ALGOS, PTQ_ALGO_CHOICES
 
 # Op types quantized when a model is meant for TensorRT (config key ``for_tensorrt``).
 TENSORRT_OP_TYPES: tuple[str, ...] = (
@@ -63,9 +65,10 @@ PREPROCESS_TYPES: tuple[str | None, ...] = (None, "PACT")
 # (config key ``quantizable_layer_type``; the seeds' default is ['Conv2D', 'Linear']).
 QUANTIZABLE_LAYER_TYPES: tuple[str, ...] = ("Conv2D", "Linear", "Conv2DTranspose")
 
-# Post-training quantization: activation threshold algorithms (``algo`` argument).
-# 'direct' is the older name of 'abs_max'.
-PTQ_ALGOS: tuple[str, ...] = ("KL", "abs_max", "direct", "hist", "mse", "avg", "emd")
+# Post-training quantization: the ``algo`` names of the seeds, as they spell them ('direct' is their older
+# name of 'abs_max'), read off the one algo vocabulary, qcore.thresholds.PTQ_ALGO_CHOICES, which also
+# holds q*'s layer-wise 'auto'.
+PTQ_ALGOS: tuple[str, ...] = tuple({"kl": "KL"}.get(a, a) for a in PTQ_ALGO_CHOICES if a not in LAYERWISE_ALGOS)
 
 # quant_embedding: op types whose table can be quantized, and the quantize types.
 EMBEDDING_OP_TYPES: tuple[str, ...] = seed_types(LOOKUP, seed=True)

@@ -1,22 +1,19 @@
-"""Running a saved model in ``paddle.inference`` on a deployment backend.
+"""Running a saved model in ``paddle.inference`` on a deployment backend: building predictors only.
 
 ``create_predictor(files, backend=...)`` builds a predictor for any format this toolkit reads
 or writes (``*.pdmodel``, ``__model__`` + ``__params__``, one file per parameter, PIR ``*.json``)
-on one of :data:`qcore.deploy.BACKEND_NAMES`. On ``onednn`` a QDQ model only runs int8 kernels
-with *both* ``enable_onednn()`` and ``enable_onednn_int8()``, which the target sets; on
-``openvino`` the engine only opens ``*.pdmodel`` names, so other legacy names are linked (or,
-for one file per parameter, re-saved) under such names in a temporary directory first.
+on one of :data:`qcore.deploy.BACKEND_NAMES`. What a runtime needs is asked of its target: the
+files it opens (:meth:`~qcore.deploy.DeployTarget.predictor_files`, e.g. OpenVINO's ``*.pdmodel``
+names), its own predictor (the ONNX runtimes), and the ``paddle.inference`` config it sets (oneDNN's
+int8 kernels need both ``enable_onednn()`` and ``enable_onednn_int8()``).
 
-The run-and-score helpers ``qcli`` and the benchmarks share: a model's outputs in the executor
-(:func:`executor_outputs`) and on a backend (:func:`deployed_outputs`), :func:`top1` and
-:func:`agreement`, latency with the models' runs interleaved (:func:`interleaved_latency`), and
-all of them for a set of models at once (:func:`evaluate`).
+Scoring and timing are in :mod:`qcore.scoring`; running models over data and comparing them
+(``executor_outputs``, ``deployed_outputs``, ``evaluate``, ``verify``) in :mod:`qcore.verify`.
 """
 
 from __future__ import annotations
 
 import os
-import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,10 +22,10 @@ from typing import Union
 import numpy as np
 from paddle import inference
 
-from .deploy import DeployTarget, OnnxPredictor, get_target
+from .deploy import TARGETS, DeployTarget, OnnxPredictor, OnnxTarget, get_target
 from .deploy.base import marked_backend
 from .errors import ConfigError
-from .model_io import Model, ModelFiles, find_model_files, load_model
+from .model_io import ModelFiles, find_model_files
 from .outputs import repair
 from .paddle_env import native_output_quiet
 
@@ -66,7 +63,8 @@ def create_predictor(
     if own is not None:
         return own
     if isinstance(files, Path):
-        raise ConfigError(f"{files} is an ONNX file; run it with backend='onnxruntime' or 'openvino-runtime'")
+        onnx_backends = " or ".join(repr(t.name) for t in TARGETS.values() if isinstance(t, OnnxTarget))
+        raise ConfigError(f"{files} is an ONNX file; run it with backend={onnx_backends}")
     if not int8:
         target = target.float_kernels()
     reason = target.unavailable() or target.accepts(files.model_file)
@@ -107,81 +105,3 @@ def run_predictor(predictor: Predictor, feed: Mapping[str, np.ndarray]) -> list[
 def predict(files: ModelFiles, feed: Mapping[str, np.ndarray], **options: object) -> list[np.ndarray]:
     """One-shot :func:`create_predictor` + :func:`run_predictor`."""
     return run_predictor(create_predictor(files, **options), feed)  # type: ignore[arg-type]
-
-
-def executor_outputs(model: Model | ModelFiles, feed_name: str, x: np.ndarray, batch: int = 250) -> np.ndarray:
-    """First output of ``model`` (loaded, or its files) over ``x`` in ``paddle.static.Executor``, ``batch``
-    rows at a time."""
-    if not isinstance(model, Model):
-        model = load_model(model)
-    return np.concatenate([model.run({feed_name: x[i : i + batch]})[0] for i in range(0, len(x), batch)])
-
-
-def deployed_outputs(
-    model: ModelFiles | Predictor,
-    feed_name: str,
-    x: np.ndarray,
-    backend: str | DeployTarget | None = None,
-    *,
-    threads: int = 2,
-    batch: int = 250,
-) -> np.ndarray:
-    """First output of ``model`` (its files, or a predictor already built) over ``x`` in ``paddle.inference``
-    on ``backend`` (None: oneDNN int8), ``batch`` rows at a time."""
-    if isinstance(model, ModelFiles):
-        model = create_predictor(model, backend=get_target(backend), threads=threads)
-    return np.concatenate([run_predictor(model, {feed_name: x[i : i + batch]})[0] for i in range(0, len(x), batch)])
-
-
-def top1(logits: np.ndarray, labels: np.ndarray) -> float:
-    """Percent of rows whose arg-max (over the last axis) equals the label."""
-    return float((logits.argmax(-1) == labels.reshape(-1)).mean() * 100)
-
-
-def agreement(a: np.ndarray, b: np.ndarray) -> float:
-    """Percent of rows on which two outputs pick the same arg-max (over the last axis)."""
-    return float((a.argmax(-1) == b.argmax(-1)).mean() * 100)
-
-
-def interleaved_latency(
-    predictors: Mapping[str, Predictor], feed: Mapping[str, np.ndarray], repeats: int = 10, warmup: int = 2
-) -> dict[str, float]:
-    """Median milliseconds per run of each predictor, their runs interleaved (so load drifts hit all alike)."""
-    for predictor in predictors.values():
-        for _ in range(warmup):
-            run_predictor(predictor, feed)
-    times: dict[str, list[float]] = {label: [] for label in predictors}
-    for _ in range(repeats):
-        for label, predictor in predictors.items():
-            start = time.perf_counter()
-            run_predictor(predictor, feed)
-            times[label].append(time.perf_counter() - start)
-    return {label: float(np.median(t)) * 1000 for label, t in times.items()}
-
-
-def evaluate(
-    models: Mapping[str, ModelFiles],
-    feed_name: str,
-    x: np.ndarray,
-    labels: np.ndarray,
-    *,
-    backend: str | DeployTarget | None = None,
-    latency_rows: int = 8,
-    repeats: int = 20,
-    threads: int = 2,
-) -> dict[str, dict[str, float]]:
-    """Per model (by label): top-1 in the executor (``executor_top1``) and deployed on ``backend``
-    (``deployed_top1``), and the median latency on the first ``latency_rows`` rows (``latency_ms``), every
-    model's runs interleaved."""
-    predictors = {
-        label: create_predictor(files, backend=get_target(backend), threads=threads) for label, files in models.items()
-    }
-    latency = interleaved_latency(predictors, {feed_name: x[:latency_rows]}, repeats)
-    return {
-        label: {
-            "executor_top1": top1(executor_outputs(files, feed_name, x), labels),
-            "deployed_top1": top1(deployed_outputs(predictors[label], feed_name, x), labels),
-            "latency_ms": latency[label],
-        }
-        for label, files in models.items()
-    }

@@ -20,8 +20,6 @@ from numpy.typing import NDArray
 from .errors import ConfigError, DataError, did_you_mean
 from .quant import qmax
 
-ALIASES = {"direct": "abs_max"}
-
 Counts = NDArray[np.float64]
 
 
@@ -158,9 +156,14 @@ _FROM_HISTOGRAM: dict[str, Callable[..., float]] = {
     "mse": _mse,
     "emd": _emd,
 }
+# The PTQ ``algo`` vocabulary, defined here once: everything else that names algorithms reads it
+# (qcore.constants.PTQ_ALGOS, qcli's --algo choices, qptq's config check, qptq.auto's candidates).
+#: The threshold algorithms, in the order ``algo="auto"`` breaks ties in.
 ALGOS = (*_FROM_HISTOGRAM, "avg")
 #: Algorithms that score candidates on the layers themselves (``qptq.auto``), not on a histogram.
 LAYERWISE_ALGOS = ("auto",)
+#: Other names of an algorithm: ``direct`` is the seeds' older name of ``abs_max``.
+ALIASES = {"direct": "abs_max"}
 #: Every name PTQ's ``algo`` accepts (lower case; any case is accepted).
 PTQ_ALGO_CHOICES = (*ALGOS, *LAYERWISE_ALGOS, *ALIASES)
 _OPTIONS = {"hist": ("hist_percent",), "avg": ("avg",)}

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from qcore.deploy import BACKEND_NAMES
-from qcore.deploy.verify import markdown_table, verify
 from qcore.errors import ConfigError, DataError
 from qcore.model_io import ModelFiles, find_model_files
 from qcore.outputs import write_bytes
+from qcore.verify import markdown_table, verify
 
 from ..feeds import feed_specs
 from ..options import load_npy, numbers

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from qcore.inference import evaluate
 from qcore.model_io import ModelFiles, find_model_files
 from qcore.thresholds import PTQ_ALGO_CHOICES
+from qcore.verify import evaluate
 
 from ..plugins import require
 

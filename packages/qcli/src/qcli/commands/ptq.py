@@ -15,12 +15,13 @@ import numpy as np
 
 from qcore.config import ROUND_TYPES
 from qcore.deploy import BACKEND_NAMES, get_target
-from qcore.deploy.verify import markdown_table, verify
 from qcore.errors import ConfigError, DataError, OutputError
-from qcore.inference import agreement, create_predictor, deployed_outputs, executor_outputs, interleaved_latency, top1
+from qcore.inference import create_predictor
 from qcore.model_io import ModelFiles, find_model_files
 from qcore.outputs import write_bytes
+from qcore.scoring import agreement, interleaved_latency, top1
 from qcore.thresholds import PTQ_ALGO_CHOICES
+from qcore.verify import deployed_outputs, executor_outputs, markdown_table, verify
 
 from ..calib_data import load_function, sample_source
 from ..feeds import feed_specs, first_feed
@@ -232,7 +233,7 @@ def _verification_feed(args: argparse.Namespace, source: ModelFiles,
     for a float input of fixed shape; None (with the reason) where none of these fits."""
     specs = feed_specs(source)
     if len(specs) != 1:
-        return None, f"the model has {len(specs)} inputs; qcli verifies one-input models (use qcore.deploy.verify)"
+        return None, f"the model has {len(specs)} inputs; qcli verifies one-input models (use qcore.verify)"
     name, (shape, dtype) = next(iter(specs.items()))
     if args.eval_data is not None:
         x = load_npy(args.eval_data, "--eval-data")[:VERIFY_SAMPLES]

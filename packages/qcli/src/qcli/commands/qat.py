@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from qcore.deploy import BACKEND_NAMES
-from qcore.inference import top1
 from qcore.model_io import find_model_files
+from qcore.scoring import top1
 
 from ..options import json_config
 from ..plugins import require

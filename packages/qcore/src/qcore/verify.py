@@ -1,0 +1,132 @@
+"""Running models and comparing them: outputs in the executor and deployed, evaluation, verification per backend.
+
+The run-and-score helpers ``qcli``, the quantizers' reports and the benchmarks share: a model's outputs
+in the executor (:func:`executor_outputs`) and on a backend (:func:`deployed_outputs`), in batches;
+top-1 and latency for a set of models at once (:func:`evaluate`); and a quantized model verified on
+the runtimes it may ship to (:func:`verify`: deployed vs simulated, agreement, latency). Every
+model's runs are interleaved with the others' (:func:`qcore.scoring.interleaved_latency`) and the
+latency is the median. Backends this machine cannot run are reported as such, never silently replaced.
+
+This module sits on top of qcore: it imports :mod:`qcore.scoring`, :mod:`qcore.inference` and
+:mod:`qcore.deploy`, and nothing in qcore imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .deploy import DeployTarget, get_target
+from .inference import Predictor, create_predictor, run_predictor
+from .model_io import Model, ModelFiles, load_model
+from .scoring import agreement, interleaved_latency, relative_error, top1
+
+
+def executor_outputs(model: Model | ModelFiles, feed_name: str, x: np.ndarray, batch: int = 250) -> np.ndarray:
+    """First output of ``model`` (loaded, or its files) over ``x`` in ``paddle.static.Executor``, ``batch``
+    rows at a time."""
+    if not isinstance(model, Model):
+        model = load_model(model)
+    return np.concatenate([model.run({feed_name: x[i : i + batch]})[0] for i in range(0, len(x), batch)])
+
+
+def deployed_outputs(
+    model: ModelFiles | Predictor,
+    feed_name: str,
+    x: np.ndarray,
+    backend: str | DeployTarget | None = None,
+    *,
+    threads: int = 2,
+    batch: int = 250,
+) -> np.ndarray:
+    """First output of ``model`` (its files, or a predictor already built) over ``x`` in ``paddle.inference``
+    on ``backend`` (None: oneDNN int8), ``batch`` rows at a time."""
+    if isinstance(model, ModelFiles):
+        model = create_predictor(model, backend=get_target(backend), threads=threads)
+    return np.concatenate([run_predictor(model, {feed_name: x[i : i + batch]})[0] for i in range(0, len(x), batch)])
+
+
+def evaluate(
+    models: Mapping[str, ModelFiles],
+    feed_name: str,
+    x: np.ndarray,
+    labels: np.ndarray,
+    *,
+    backend: str | DeployTarget | None = None,
+    latency_rows: int = 8,
+    repeats: int = 20,
+    threads: int = 2,
+) -> dict[str, dict[str, float]]:
+    """Per model (by label): top-1 in the executor (``executor_top1``) and deployed on ``backend``
+    (``deployed_top1``), and the median latency on the first ``latency_rows`` rows (``latency_ms``), every
+    model's runs interleaved."""
+    predictors = {
+        label: create_predictor(files, backend=get_target(backend), threads=threads) for label, files in models.items()
+    }
+    latency = interleaved_latency(predictors, {feed_name: x[:latency_rows]}, repeats)
+    return {
+        label: {
+            "executor_top1": top1(executor_outputs(files, feed_name, x), labels),
+            "deployed_top1": top1(deployed_outputs(predictors[label], feed_name, x), labels),
+            "latency_ms": latency[label],
+        }
+        for label, files in models.items()
+    }
+
+
+def verify(
+    float_files: ModelFiles,
+    int8_files: ModelFiles,
+    feed: Mapping[str, np.ndarray],
+    backends: Sequence[str],
+    *,
+    repeats: int = 10,
+    threads: int = 2,
+    labels: np.ndarray | None = None,
+    latency_batch: int = 8,
+) -> dict[str, dict[str, Any]]:
+    """Per backend: the int8 model's output error deployed vs simulated (and the float model's, for
+    scale), arg-max agreement with the float model on that backend, top-1 when ``labels`` are given
+    (all on ``feed``), and float / int8 latency (on its first ``latency_batch`` rows). A backend that
+    cannot run says why under ``"unavailable"``."""
+    simulated = load_model(int8_files).run(dict(feed))[0]
+    result: dict[str, dict[str, Any]] = {}
+    for name in backends:
+        target = get_target(name)
+        reason = target.unavailable() or target.accepts(int8_files.model_file)
+        if reason is not None:
+            result[target.name] = {"unavailable": reason}
+            continue
+        predictors = {m: create_predictor(f, backend=target, threads=threads)
+                      for m, f in (("float", float_files), ("int8", int8_files))}
+        float_out, int8_out = (run_predictor(predictors[m], feed)[0] for m in ("float", "int8"))
+        ms = interleaved_latency(predictors, {k: v[:latency_batch] for k, v in feed.items()}, repeats)
+        row: dict[str, Any] = {
+            "deployed_vs_simulated": round(relative_error(int8_out, simulated), 6),
+            "int8_vs_float": round(relative_error(int8_out, float_out), 6),
+            "agreement_with_float": round(agreement(int8_out, float_out), 2),
+            "float_ms": round(ms["float"], 3),
+            "int8_ms": round(ms["int8"], 3),
+            "speedup": round(ms["float"] / ms["int8"], 3),
+        }
+        if labels is not None:
+            row["top1_float"] = round(top1(float_out, labels), 2)
+            row["top1_int8"] = round(top1(int8_out, labels), 2)
+        result[target.name] = row
+    return result
+
+
+def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """The :func:`verify` results as a markdown table, a row per backend."""
+    lines = ["| backend | float ms | int8 ms | speed-up | deployed vs simulated | int8 vs float | agreement % |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for backend, row in results.items():
+        if "unavailable" in row:
+            lines.append(f"| {backend} | {row['unavailable']} | | | | | |")
+            continue
+        lines.append(f"| {backend} | {row['float_ms']:.2f} | {row['int8_ms']:.2f} | {row['speedup']:.2f}x | "
+                     f"{row['deployed_vs_simulated']:.2e} | {row['int8_vs_float']:.2e} | "
+                     f"{row['agreement_with_float']:.1f} |")
+    return "\n".join(lines)
