@@ -13,7 +13,7 @@ from qcore.errors import ExportError
 from qcore.export import export_onnx
 from qcore.export.fusable import biases_into_convs
 from qcore.export.qdq import _zero_point
-from qcore.export.repair import constants_to_initializers, scalars_in_shape_concats
+from qcore.export.repair import constants_to_initializers, numbered_dim_names, scalars_in_shape_concats
 from qcore.graph import open_graph
 from qcore.graph.base import ActivationGrid
 from qcore.model_io import load_model
@@ -44,6 +44,24 @@ def test_rank0_concat_pieces_are_made_1d_and_the_model_loads():
     x = np.arange(12, dtype=np.float32).reshape(2, 6)
     np.testing.assert_array_equal(_run(model, {"x": x})[0], x.reshape(2, 2, 3))
     assert scalars_in_shape_concats(model) == 0  # nothing left to repair
+
+
+def test_symbolic_dimensions_are_renumbered_by_first_appearance_keeping_which_are_equal():
+    # paddle2onnx numbers them differently from run to run (the same model gave other bytes)
+    def dims(*names: int | str) -> list:  # k: DynamicDimension.k; a string: itself; the last dimension is 8
+        return [f"DynamicDimension.{n}" if isinstance(n, int) else n for n in names] + [8]
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["y"])], "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, dims(3, 1)),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, dims(3, "batch"))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims(3, 1))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    assert numbered_dim_names(model) == 1  # .3 -> .0; .1 stays .1
+    values = [*model.graph.input, *model.graph.output]
+    shapes = [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in values]
+    assert shapes == [dims(0, 1), dims(0, "batch"), dims(0, 1)]
+    assert numbered_dim_names(model) == 0  # already numbered
 
 
 def test_constant_weights_become_initializers_and_biases_go_into_convs():

@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import onnx
 
+#: The prefix paddle2onnx gives a symbolic dimension's name.
+DYNAMIC_DIM = "DynamicDimension."
+
 
 def _ranks(model: onnx.ModelProto) -> dict[str, int]:
     """The rank of every value ONNX's shape inference can tell (initializers included)."""
@@ -65,9 +68,31 @@ def constants_to_initializers(model: onnx.ModelProto) -> int:
     return len(constants)
 
 
+def numbered_dim_names(model: onnx.ModelProto) -> int:
+    """Rename the symbolic dimensions (``dim_param``) ``DynamicDimension.<k>`` by order of first appearance
+    (inputs, outputs, value infos); returns how many names changed.
+
+    paddle2onnx 2.1 numbers them in an order that changes from run to run (seen on all-MiniLM-L6-v2: the
+    batch dimension was ``.0`` in one export and ``.2`` in the next), so the same model gave different bytes.
+    A one-to-one renaming keeps which dimensions are equal.
+    """
+    values = [*model.graph.input, *model.graph.output, *model.graph.value_info]
+    dims = [d for v in values if v.type.tensor_type.HasField("shape") for d in v.type.tensor_type.shape.dim
+            if d.dim_param.startswith(DYNAMIC_DIM)]
+    names: dict[str, str] = {}
+    for dim in dims:
+        names.setdefault(dim.dim_param, f"{DYNAMIC_DIM}{len(names)}")
+    for dim in dims:
+        dim.dim_param = names[dim.dim_param]
+    return sum(old != new for old, new in names.items())
+
+
 def repair(model: onnx.ModelProto) -> list[str]:
     """Fix ``model`` in place; returns one line per kind of repair made."""
     done = []
+    renamed = numbered_dim_names(model)
+    if renamed:
+        done.append(f"{renamed} symbolic dimension(s) renumbered")
     constants = constants_to_initializers(model)
     if constants:
         done.append(f"{constants} Constant node(s) made initializers")
