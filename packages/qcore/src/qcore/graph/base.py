@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,11 @@ class OpRef:
     type: str
     seed_type: str | None
     scope_name: str  # name scope / layer path, matched by skip patterns
+
+    @property
+    def key(self) -> int:
+        """The backend op's identity, to key dicts and sets of ops by."""
+        return id(self.raw)
 
     def __repr__(self) -> str:
         return f"<{self.seed_type or self.type} {self.scope_name}>"
@@ -152,6 +158,23 @@ class Graph(ABC):
     def attrs(self, op: OpRef) -> dict[str, Any]:
         """``op``'s attributes by their name in its IR (legacy ``trans_y`` is PIR's ``transpose_y``)."""
 
+    @abstractmethod
+    def attr(self, op: OpRef, name: str, default: Any = None) -> Any:
+        """One attribute of ``op`` (``default`` when it has none)."""
+
+    @abstractmethod
+    def input_names(self, op: OpRef, slot: str | None = None) -> list[str]:
+        """Names of the tensors ``op`` reads in input ``slot`` (its IR's slot name), or in every slot; one entry per
+        read. Names are those of :attr:`Operand.name` (PIR: parameter, feed or ``<op>_<position>.out<k>``)."""
+
+    @abstractmethod
+    def output_names(self, op: OpRef, slot: str | None = None) -> list[str]:
+        """Names of the tensors ``op`` writes in output ``slot``, or in every slot."""
+
+    @abstractmethod
+    def shape(self, name: str) -> list[int]:
+        """The declared shape of tensor ``name`` (-1 for a dimension known only at run time)."""
+
     def _seed_type(self, raw: Any, backend_type: str) -> str | None:
         for seed, entry in OP_TABLE.items():
             if backend_type in (entry.legacy if self.family == "legacy" else entry.pir):
@@ -213,9 +236,9 @@ class Graph(ABC):
         """A hashable identity of a backend value."""
 
     def readers(self, ops: Iterable[OpRef]) -> dict[int, list[Operand]]:
-        """For each of ``ops`` (keyed by ``id(op.raw)``), the float operands of other ops that read its first
+        """For each of ``ops`` (keyed by :attr:`OpRef.key`), the float operands of other ops that read its first
         output, in program order (one pass over the program); a model output read by no op has none."""
-        outputs = {self._key(self.output(op)): id(op.raw) for op in ops}
+        outputs = {self._key(self.output(op)): op.key for op in ops}
         found: dict[int, list[Operand]] = {k: [] for k in outputs.values()}
         for reader in self.ops():
             if reader.type in ("feed", "fetch"):  # legacy programs' I/O ops read no tensor as ops do
@@ -273,6 +296,51 @@ class Graph(ABC):
     @abstractmethod
     def _drop_if_unused(self, value: Any) -> None:
         """Remove the parameter ``value`` (a name or a PIR value) from the program if nothing reads it."""
+
+    # ---- editing ops ------------------------------------------------------------------
+    @abstractmethod
+    def rename_input(self, op: OpRef, old: Any, new: Any) -> None:
+        """Make ``op`` read ``new`` wherever it reads ``old`` (backend values: names in legacy programs)."""
+
+    @abstractmethod
+    def set_attr(self, op: OpRef, name: str, value: Any) -> None:
+        """Set (or add) attribute ``name`` of ``op``."""
+
+    @abstractmethod
+    def retype(self, op: OpRef, op_type: str) -> None:
+        """Make ``op`` an op of backend type ``op_type`` with the same inputs, outputs and attributes."""
+
+    @abstractmethod
+    def test_mode(self) -> AbstractContextManager[None]:
+        """For the body, ops that carry ``is_test`` run in test mode; their own values come back afterwards."""
+
+    @abstractmethod
+    def bypass(self, op: OpRef, slot: str) -> None:
+        """Remove ``op`` (which passes the tensor of input ``slot`` through to its first output, e.g. a fake
+        quantization): its readers read that tensor instead."""
+
+    def inserting_before(self, op: OpRef) -> AbstractContextManager[None]:
+        """Ops built with Paddle's API in the body go into this program just before ``op`` (PIR only)."""
+        raise GraphError(f"{self.family} programs: ops are built by the graph's own rewrites, not Paddle's API")
+
+    @abstractmethod
+    def fake_quant_activation(
+        self, before: OpRef, x: Any, state: str, bits: int, moving_rate: float, *, test: bool,
+        batch_abs_max: bool = False, initial: float = 0.0,
+    ) -> Any:
+        """Put a training fake quant-dequant of activation ``x`` (a backend value) just before ``before``; returns
+        its output (``before`` still reads ``x``: :meth:`rename_input`).
+
+        A moving average of the abs max, in persistable ``{state}@scale`` / ``@accum`` / ``@state`` variables
+        (started at ``initial``; ones that already exist keep their values, so a test program reads what its
+        training program learns). ``test``: frozen at the learned scale. ``batch_abs_max`` (PIR, training):
+        each batch's abs max instead, the last one kept in ``{state}@scale``.
+        """
+
+    @abstractmethod
+    def fake_quant_weight(self, before: OpRef, w: Any, bits: int, axis: int | None) -> Any:
+        """Put a training fake quant-dequant of weight ``w`` (abs max per channel along ``axis``, or of the
+        whole tensor) just before ``before``; returns its output."""
 
     # ---- rewriting --------------------------------------------------------------------
     def insert_act_qdq(

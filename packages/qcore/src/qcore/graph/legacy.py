@@ -9,11 +9,14 @@ asymmetric grids of runtimes that read them (:mod:`qcore.zero_points`).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from paddle.base import core
 
+from ..errors import GraphError
 from ..model_io import Model
 from ..optable import CONV_TYPES
 from ..quant import dequantize, qmax, scale_from_threshold
@@ -22,6 +25,10 @@ from .base import ActivationGrid, Graph, LookupTables, Operand, OpRef, Quantized
 
 _FLOATS = (core.VarDesc.VarType.FP32, core.VarDesc.VarType.FP64, core.VarDesc.VarType.FP16)
 _INT_DTYPES = {8: core.VarDesc.VarType.INT8, 16: core.VarDesc.VarType.INT16}
+_FAKE_ACT = "fake_quantize_dequantize_moving_average_abs_max"
+_FAKE_WEIGHT = {True: "fake_channel_wise_quantize_dequantize_abs_max", False: "fake_quantize_dequantize_abs_max"}
+_ROUND_HALF_EVEN = 0  # Paddle's round_type 0, what qcore.quant uses
+_BACKWARD = 0x0001  # op_role bit of gradient ops
 
 
 class LegacyGraph(Graph):
@@ -72,6 +79,88 @@ class LegacyGraph(Graph):
             if op.raw.has_attr(attr) and op.raw.attr(attr):
                 return True
         return False
+
+    def attr(self, op: OpRef, name: str, default: Any = None) -> Any:
+        return op.raw.attr(name) if op.raw.has_attr(name) else default
+
+    def input_names(self, op: OpRef, slot: str | None = None) -> list[str]:
+        return list(op.raw.input_arg_names if slot is None else op.raw.input(slot))
+
+    def output_names(self, op: OpRef, slot: str | None = None) -> list[str]:
+        return list(op.raw.output_arg_names if slot is None else op.raw.output(slot))
+
+    def shape(self, name: str) -> list[int]:
+        return list(self.block._find_var_recursive(name).shape)
+
+    # ---- editing ops ------------------------------------------------------------------
+    def rename_input(self, op: OpRef, old: str, new: str) -> None:
+        op.raw._rename_input(old, new)
+
+    def set_attr(self, op: OpRef, name: str, value: Any) -> None:
+        op.raw._set_attr(name, value)
+
+    def retype(self, op: OpRef, op_type: str) -> None:
+        op.raw.desc.set_type(op_type)
+
+    @contextlib.contextmanager
+    def test_mode(self) -> Iterator[None]:
+        changed = [raw for raw in self.block.ops if raw.has_attr("is_test") and not raw.attr("is_test")]
+        for raw in changed:
+            raw._set_attr("is_test", True)
+        try:
+            yield
+        finally:
+            for raw in changed:
+                raw._set_attr("is_test", False)
+
+    def bypass(self, op: OpRef, slot: str) -> None:
+        source, out = op.raw.input(slot)[0], self.output(op)
+        for reader in self.block.ops:
+            if out in reader.input_arg_names:
+                reader._rename_input(out, source)
+        self.block._remove_op(self._index(op.raw))
+
+    def fake_quant_activation(
+        self, before: OpRef, x: str, state: str, bits: int, moving_rate: float, *, test: bool,
+        batch_abs_max: bool = False, initial: float = 0.0,
+    ) -> str:
+        if batch_abs_max:
+            raise GraphError("legacy programs: activations are fake-quantized with a moving average of the abs max")
+        scale, accum, flag = (self._state(f"{state}@{k}", v)
+                              for k, v in (("scale", initial), ("accum", initial), ("state", 1.0 if initial else 0.0)))
+        out = self._tmp_var(self._new_var_name(f"{x}.quant_dequant"), x)
+        self.block._insert_op(
+            self._index(before.raw), type=_FAKE_ACT,
+            inputs={"X": [x], "InScale": [scale], "InAccum": [accum], "InState": [flag]},
+            outputs={"Out": [out], "OutScale": [scale], "OutAccum": [accum], "OutState": [flag]},
+            attrs={"moving_rate": moving_rate, "bit_length": bits, "is_test": test, "round_type": _ROUND_HALF_EVEN},
+        )
+        return out
+
+    def fake_quant_weight(self, before: OpRef, w: str, bits: int, axis: int | None) -> str:
+        out = self._tmp_var(self._new_var_name(f"{w}.quant_dequant"), w)
+        op_scale = self._tmp_var(self._new_var_name(f"{w}.quant_dequant@scale"), w)
+        attrs: dict[str, Any] = {"bit_length": bits, "round_type": _ROUND_HALF_EVEN}
+        if axis is not None:
+            attrs["quant_axis"] = axis
+        self.block._insert_op(self._index(before.raw), type=_FAKE_WEIGHT[axis is not None], inputs={"X": [w]},
+                              outputs={"Out": [out], "OutScale": [op_scale]}, attrs=attrs)
+        return out
+
+    def _state(self, name: str, value: float) -> str:
+        """A persistable float of shape [1]; a value already in the scope (what training learned) is kept."""
+        if not self.block.has_var(name):
+            self.block.create_var(name=name, shape=[1], dtype="float32", persistable=True)
+        if self.model.scope.find_var(name) is None:
+            self.set_param(name, np.array([value], np.float32))
+        return name
+
+    def gradient_ops(self, op: OpRef) -> list[OpRef]:
+        """The gradient ops of ``op`` already in the program (``minimize`` ran): they read its outputs' gradients."""
+        grads = {f"{name}@GRAD" for name in op.raw.output_arg_names}
+        return [grad for grad in self.ops()
+                if int(self.attr(grad, "op_role", 0)) & _BACKWARD and grad.type == f"{op.type}_grad"
+                and grads & set(grad.raw.input_arg_names)]
 
     # ---- building blocks ------------------------------------------------------------
     def _index(self, raw: Any) -> int:

@@ -31,6 +31,7 @@ from .base import ActivationGrid, Graph, LookupTables, Operand, OpRef, Quantized
 _PARAM_OP = "builtin.parameter"
 _ACT_QDQ = "pd_op.fake_quantize_dequantize_moving_average_abs_max"
 _FLOAT_DTYPES = (paddle.float32, paddle.float64, paddle.float16, paddle.bfloat16)
+_ROUND_HALF_EVEN = 0  # Paddle's round_type 0, what qcore.quant uses
 
 
 def _defining_op(value: Any) -> Any | None:
@@ -47,7 +48,8 @@ class PirGraph(Graph):
     def __init__(self, model: Model) -> None:
         super().__init__(model)
         self.block = model.program.global_block()
-        self._startup = paddle.static.Program()
+        #: the startup program of the parameters built into this program (run it to initialise new ones)
+        self.startup = paddle.static.Program()
 
     def _raw_ops(self) -> list[Any]:
         return list(self.block.ops)
@@ -91,6 +93,13 @@ class PirGraph(Graph):
         except ValueError:  # builtin ops (combine, slice, ...) have no named inputs
             return []
 
+    @staticmethod
+    def _output_names(raw: Any) -> list[str]:
+        try:
+            return list(raw.get_output_names())
+        except ValueError:
+            return []
+
     def operands(self, op: OpRef) -> list[Operand]:
         names = self._input_names(op.raw)
         found = []
@@ -113,11 +122,102 @@ class PirGraph(Graph):
     def _weight_transposed(self, op: OpRef) -> bool:
         return bool(self.attrs(op).get("transpose_y", False))
 
+    def attr(self, op: OpRef, name: str, default: Any = None) -> Any:
+        return op.raw.attrs().get(name, default)
+
+    def input_names(self, op: OpRef, slot: str | None = None) -> list[str]:
+        indices = range(op.raw.num_operands()) if slot is None else [self._input_names(op.raw).index(slot)]
+        return [self._value_name(op.raw.operand_source(i)) for i in indices]
+
+    def output_names(self, op: OpRef, slot: str | None = None) -> list[str]:
+        indices = range(op.raw.num_results()) if slot is None else [self._output_names(op.raw).index(slot)]
+        return [self._value_name(op.raw.result(i)) for i in indices]
+
+    def shape(self, name: str) -> list[int]:
+        for raw in self.block.ops:
+            for value in raw.results():
+                if self._value_name(value) == name:
+                    return list(value.shape)
+        raise GraphError(f"no tensor named {name!r} in the program")
+
+    # ---- editing ops ------------------------------------------------------------------
+    def rename_input(self, op: OpRef, old: Any, new: Any) -> None:
+        for i in range(op.raw.num_operands()):
+            if op.raw.operand_source(i).is_same(old):
+                op.raw.operand(i).set_source(new)
+
+    def set_attr(self, op: OpRef, name: str, value: Any) -> None:
+        if isinstance(value, bool):
+            op.raw.set_bool_attr(name, value)
+        elif isinstance(value, int):
+            op.raw.set_int_attr(name, value)
+        elif isinstance(value, str):
+            op.raw.set_str_attr(name, value)
+        else:
+            raise GraphError(f"{op!r}: PIR attributes set here are bool, int or str; got {type(value).__name__}")
+
+    def retype(self, op: OpRef, op_type: str) -> None:
+        raise GraphError(f"{op!r}: a PIR op's type is fixed when it is built; build a {op_type} op instead")
+
+    @contextlib.contextmanager
+    def test_mode(self) -> Iterator[None]:
+        changed = [raw for raw in self.block.ops if raw.attrs().get("is_test") is False]
+        for raw in changed:
+            raw.set_bool_attr("is_test", True)
+        try:
+            yield
+        finally:
+            for raw in changed:
+                raw.set_bool_attr("is_test", False)
+
+    def bypass(self, op: OpRef, slot: str) -> None:
+        op.raw.result(0).replace_all_uses_with(op.raw.operand_source(self._input_names(op.raw).index(slot)))
+        self.block.remove_op(op.raw)
+
+    def inserting_before(self, op: OpRef) -> contextlib.AbstractContextManager[None]:
+        return self._inserting_before(op.raw)
+
+    def fake_quant_activation(
+        self, before: OpRef, x: Any, state: str, bits: int, moving_rate: float, *, test: bool,
+        batch_abs_max: bool = False, initial: float = 0.0,
+    ) -> Any:
+        with self._inserting_before(before.raw):
+            scale = self._state(f"{state}@scale", initial)
+            accum, flag = self._state(f"{state}@accum", initial), self._state(f"{state}@state", 1.0 if initial else 0.0)
+            if test:
+                return paddle._C_ops.fake_quantize_dequantize_moving_average_abs_max(
+                    x, scale, accum, flag, moving_rate, bits, True, _ROUND_HALF_EVEN
+                )[0]
+            if batch_abs_max:
+                out, batch_scale = paddle._C_ops.fake_quantize_dequantize_abs_max(x, bits, _ROUND_HALF_EVEN)
+                paddle._C_ops.assign_out_(batch_scale, scale)
+                return out
+            out, _, new_flag, new_accum = paddle._C_ops.fake_quantize_dequantize_moving_average_abs_max_(
+                x, scale, accum, flag, moving_rate, bits, False, _ROUND_HALF_EVEN
+            )
+            paddle._C_ops.assign_out_(new_flag, flag)
+            paddle._C_ops.assign_out_(new_accum, accum)
+            return out
+
+    def fake_quant_weight(self, before: OpRef, w: Any, bits: int, axis: int | None) -> Any:
+        with self._inserting_before(before.raw):
+            if axis is not None:
+                return paddle._C_ops.fake_channel_wise_quantize_dequantize_abs_max(w, bits, _ROUND_HALF_EVEN, axis)[0]
+            return paddle._C_ops.fake_quantize_dequantize_abs_max(w, bits, _ROUND_HALF_EVEN)[0]
+
+    def _state(self, name: str, value: float) -> Any:
+        """A parameter of shape [1] the startup program sets to ``value`` (:attr:`startup`), never trained."""
+        param = paddle.static.create_parameter(
+            [1], "float32", name=name, default_initializer=paddle.nn.initializer.Constant(value)
+        )
+        param.stop_gradient = True
+        return param
+
     # ---- building blocks ------------------------------------------------------------
     @contextlib.contextmanager
     def _inserting_before(self, raw: Any) -> Iterator[None]:
         """Ops built in the body go into this program, just before ``raw``."""
-        with paddle.static.program_guard(self.model.program, self._startup):
+        with paddle.static.program_guard(self.model.program, self.startup):
             paddle.pir.set_insertion_point(raw)
             yield
 
