@@ -163,7 +163,7 @@ def test_a_pool_scaled_through_a_reshape_keeps_the_fc_behind_it_float(tmp_path):
 
 
 def test_residual_fusions_name_the_conv_onednn_computes_each_add_in(tmp_path):
-    from qcore.deploy.onednn import residual_fusions
+    from qcore.deploy.residual import residual_fusions
     from qdemo.testing import TinyResNet, save_tiny_net
 
     paddle.seed(0)
@@ -211,9 +211,9 @@ def test_residual_signs_are_aligned_down_the_chain_without_changing_values(tmp_p
         OneDnnRules,
         align_residual_signs,
         float_residual_convs,
-        residual_fusions,
         unsigned_activations,
     )
+    from qcore.deploy.residual import residual_fusions
     from qdemo.testing import TinyResNet, save_tiny_net
 
     paddle.seed(0)
@@ -272,7 +272,8 @@ class _PooledHead(paddle.nn.Layer):
 
 
 def test_the_pool_reading_the_last_residual_conv_can_give_it_an_output_scale(tmp_path):
-    from qcore.deploy.onednn import keep_float_in_onednn, pooled_residual_outputs, residual_fusions
+    from qcore.deploy.onednn import keep_float_in_onednn, pooled_residual_outputs
+    from qcore.deploy.residual import residual_fusions
     from qcore.errors import GraphError
     from qdemo.testing import save_tiny_net
 

@@ -208,7 +208,7 @@ def test_residual_joins_simulate_what_onednn_fuses_and_rounds(tmp_path, monkeypa
     assert _deployed_error(tmp_path / "fused", x) < 2e-3  # measured 5.5e-4
 
     # without modelling the fusions: no residual QDQ, every conv int8, float readers of int8 outputs unrounded
-    monkeypatch.setattr("qcore.deploy.onednn.residual_fusions", lambda graph: [])
+    monkeypatch.setattr("qcore.deploy.residual.residual_fusions", lambda graph: [])
     monkeypatch.setattr("qcore.deploy.onednn.float_residual_convs", lambda graph, names: [])
     monkeypatch.setattr("qcore.deploy.onednn.share_int8_outputs", lambda graph, ops, names: set())
     _quantize(tmp_path / "float", tmp_path / "naive", x, optimize_model=True)

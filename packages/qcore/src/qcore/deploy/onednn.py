@@ -22,7 +22,7 @@ Fully connected weights (measured and traced to the passes; numbers in
 Convolution weights (``[C_out, ...]``, runs = rows) are not affected.
 
 Activations: relu outputs run unsigned (:func:`unsigned_activations`); residual adds are computed
-inside a conv (:func:`residual_fusions`), which must see a residual of its output's sign
+inside a conv (:func:`qcore.deploy.residual.residual_fusions`), which must see a residual of its output's sign
 (:func:`align_residual_signs`) and scales on both (:func:`float_residual_convs`); an int8 conv's
 output is rounded for every reader (:func:`share_int8_outputs`). :class:`OneDnnRules` bundles
 these rules for a quantizer; :class:`OneDnnTarget` is the deployment target.
@@ -32,15 +32,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import GraphError
-from ..optable import CONV, DEPTHWISE, FC, backend_names_of, kind_of, seed_types
+from ..graph import Dataflow
+from ..optable import FC, backend_names_of, kind_of, seed_types
 from ..quant import abs_max, fake_quantize
-from . import host
+from . import host, residual
 from .base import DeployTarget, ModelRules, OpTarget, residual_joins
+from .residual import FUSED_ACTIVATIONS, FUSING_CONVS, ResidualFusion, adds_param, conv_behind
 
 if TYPE_CHECKING:
     from paddle import inference
@@ -118,28 +120,28 @@ SCALE_SHARING_OPS = frozenset({
 })
 
 
-def _propagate(raw_ops: list[Any], scales: dict[str, float]) -> dict[str, Any]:
-    """Run the pass's propagation over ``raw_ops`` in place; return the vars given a scale
-    backwards (from the output of a scale-sharing op or concat to its input), with that op."""
-    from_output: dict[str, Any] = {}
+def _propagate(flow: Dataflow, scales: dict[str, float]) -> dict[str, OpRef]:
+    """Run the pass's propagation over ``flow``'s ops, updating ``scales`` in place; return the vars given a
+    scale backwards (from the output of a scale-sharing op or concat to its input), with that op."""
+    from_output: dict[str, OpRef] = {}
     previous: set[str] | None = None
     while True:
         waiting: set[str] = set()
-        for raw in raw_ops:
-            if raw.type in SCALE_SHARING_OPS:
-                x = raw.input("Input" if raw.type in ("slice", "shape") else "X")[0]
-                out = raw.output("Out")[0]
+        for op in flow.ops:
+            if op.type in SCALE_SHARING_OPS:
+                x = flow.input(op, "Input" if op.type in ("slice", "shape") else "X")
+                out = flow.output(op, "Out")
                 if x in scales:
                     scales[out] = scales[x]
                 elif out in scales:
                     scales[x] = scales[out]
-                    from_output[x] = raw
+                    from_output[x] = op
                 else:
                     waiting |= {x, out}
-            elif raw.type == "concat" and raw.output("Out")[0] in scales:
-                for x in raw.input("X"):
-                    scales[x] = scales[raw.output("Out")[0]]
-                    from_output[x] = raw
+            elif op.type == "concat" and flow.output(op, "Out") in scales:
+                for x in flow.graph.input_names(op, "X"):
+                    scales[x] = scales[flow.output(op, "Out")]
+                    from_output[x] = op
         if not waiting or waiting == previous:
             return from_output
         previous = waiting
@@ -153,59 +155,11 @@ def deployed_thresholds(graph: Graph, thresholds: Mapping[str, float]) -> dict[s
     """
     scales = dict(thresholds)
     if graph.family == "legacy":
-        _propagate([op.raw for op in graph.ops()], scales)
+        _propagate(Dataflow(graph), scales)
     return scales
 
 
-class Dataflow:
-    """Who makes and who reads each var of a legacy graph, and what oneDNN's fuse passes fold into a conv
-    (OpenVINO's rules read it too)."""
-
-    def __init__(self, graph: Graph) -> None:
-        self.ops = graph.ops()
-        self.params = set(graph.param_names())
-        self.producer = {out: op for op in self.ops for out in op.raw.output_arg_names}
-        self.readers: dict[str, list[Any]] = {}
-        for op in self.ops:
-            for name in op.raw.input_arg_names:
-                self.readers.setdefault(name, []).append(op.raw)
-
-    def conv_behind(self, var: str, read_once: bool = False) -> OpRef | None:
-        """The conv oneDNN computes ``var`` in: through a batch norm (``conv_bn_fuse_pass``) or a bias
-        add ``conv_bias_onednn_fuse_pass`` takes (``axis=1``, a parameter: not Paddle 3's reshaped
-        bias with ``axis=-1``). ``read_once``: every var on the way has one reader."""
-        while (op := self.producer.get(var)) is not None and not (read_once and len(self.readers.get(var, [])) != 1):
-            if op.type in _FUSING_CONVS:
-                return op
-            bias = op.type == "elementwise_add" and op.raw.attr("axis") == 1 and op.raw.input("Y")[0] in self.params
-            if not (bias or op.type == "batch_norm"):
-                return None
-            var = op.raw.input("X")[0]
-        return None
-
-    def adds_param(self, op: OpRef) -> bool:
-        """``op`` is an ``elementwise_add`` of a parameter (a bias) to an activation."""
-        return op.type == "elementwise_add" and not self.params.isdisjoint(op.raw.input("Y"))
-
-    def reaches(self, source: str, target: str) -> bool:
-        seen, todo = set(), [source]
-        while todo:
-            var = todo.pop()
-            if var == target:
-                return True
-            for raw in self.readers.get(var, []):
-                todo.extend(out for out in raw.output_arg_names if out not in seen)
-                seen.update(raw.output_arg_names)
-        return False
-
-
-_FUSING_CONVS = backend_names_of(seed_types(CONV, DEPTHWISE), "legacy")
 _FC_OPS = backend_names_of(seed_types(FC), "legacy")
-#: Activations ``conv_activation_onednn_fuse_pass`` / ``fc_act_onednn_fuse_pass`` fold into the op before.
-_FUSED_ACTIVATIONS = frozenset({
-    "relu", "relu6", "hard_swish", "swish", "sigmoid", "tanh", "leaky_relu", "hard_sigmoid", "gelu", "mish", "abs",
-    "sqrt", "clip",
-})
 
 
 def int8_written(graph: Graph, quantized: Iterable[OpRef], activations: Iterable[str]) -> set[str]:
@@ -219,22 +173,22 @@ def int8_written(graph: Graph, quantized: Iterable[OpRef], activations: Iterable
     if graph.family != "legacy":
         return set()
     flow = Dataflow(graph)
-    ids = {id(op.raw) for op in quantized}
-    residual_convs = {id(f.add.raw): f.conv for f in residual_fusions(graph)}
+    keys = {op.key for op in quantized}
+    residual_convs = {f.add.key: f.conv for f in residual.residual_fusions(graph)}
     found = set()
     for name in activations:
-        op, var = flow.producer.get(name), name
-        if op is not None and op.type in _FUSED_ACTIVATIONS:
-            var = op.raw.input("X")[0]
-            op = flow.producer.get(var) if len(flow.readers.get(var, [])) == 1 else None
-        if op is not None and id(op.raw) in residual_convs:
-            op = residual_convs[id(op.raw)]
-        elif op is not None and flow.adds_param(op):
-            fc = flow.producer.get(op.raw.input("X")[0])
-            op = fc if fc is not None and fc.type in _FC_OPS else flow.conv_behind(var, read_once=True)
-        elif op is not None and op.type not in _FUSING_CONVS | _FC_OPS:
-            op = flow.conv_behind(var, read_once=True)
-        if op is not None and id(op.raw) in ids:
+        op, var = flow.producer(name), name
+        if op is not None and op.type in FUSED_ACTIVATIONS:
+            var = flow.input(op, "X")
+            op = flow.producer(var) if len(flow.readers(var)) == 1 else None
+        if op is not None and op.key in residual_convs:
+            op = residual_convs[op.key]
+        elif op is not None and adds_param(flow, op):
+            fc = flow.producer(flow.input(op, "X"))
+            op = fc if fc is not None and fc.type in _FC_OPS else conv_behind(flow, var, read_once=True)
+        elif op is not None and op.type not in FUSING_CONVS | _FC_OPS:
+            op = conv_behind(flow, var, read_once=True)
+        if op is not None and op.key in keys:
             found.add(name)
     return found
 
@@ -258,15 +212,15 @@ def unsigned_activations(graph: Graph) -> set[str]:
     for op in flow.ops:
         if op.type != "relu":
             continue
-        x = op.raw.input("X")[0]
-        source = flow.producer.get(x)
-        if source is not None and source.type == "batch_norm" and flow.conv_behind(x) is None:
+        x = flow.input(op, "X")
+        source = flow.producer(x)
+        if source is not None and source.type == "batch_norm" and conv_behind(flow, x) is None:
             continue  # relu fused into the batch norm
-        if source is not None and flow.adds_param(source):
-            source = flow.producer.get(source.raw.input("X")[0])
+        if source is not None and adds_param(flow, source):
+            source = flow.producer(flow.input(source, "X"))
         if source is not None and source.type == "conv2d_transpose":
             continue
-        found.add(op.raw.output("Out")[0])
+        found.add(flow.output(op, "Out"))
     return found
 
 
@@ -285,19 +239,20 @@ def read_qdq_everywhere(graph: Graph, name: str) -> None:
     readers get the dequantized int8 values too.
     """
     copy = graph.act_qdq_copy(name)
-    for raw in _legacy_ops(graph, "read_qdq_everywhere"):
-        if raw.type not in ("quantize_linear", "fetch") and name in raw.input_arg_names:
-            raw._rename_input(name, copy)
+    _legacy_only(graph, "read_qdq_everywhere")
+    for op in graph.ops():
+        if op.type not in ("quantize_linear", "fetch") and name in graph.input_names(op):
+            graph.rename_input(op, name, copy)
 
 
 def write_relu_as_leaky(graph: Graph, op: OpRef) -> None:
     """Make ``relu`` op ``op`` a ``leaky_relu`` with ``alpha=0``: the same values, written signed by oneDNN
     (:func:`align_residual_signs`)."""
-    _legacy_ops(graph, "write_relu_as_leaky")
+    _legacy_only(graph, "write_relu_as_leaky")
     if op.type != "relu":
         raise GraphError(f"{op!r} is not a relu; only relu ops can be written as leaky_relu(alpha=0)")
-    op.raw.desc.set_type("leaky_relu")
-    op.raw._set_attr("alpha", 0.0)
+    graph.retype(op, "leaky_relu")
+    graph.set_attr(op, "alpha", 0.0)
 
 
 def keep_float_in_onednn(graph: Graph, op: OpRef) -> None:
@@ -305,65 +260,13 @@ def keep_float_in_onednn(graph: Graph, op: OpRef) -> None:
 
     ``cpu_quantize_placement_pass`` reads the mark as an int; the executor and other backends ignore it.
     """
-    _legacy_ops(graph, "keep_float_in_onednn")
-    op.raw._set_attr("skip_quant", 1)
+    _legacy_only(graph, "keep_float_in_onednn")
+    graph.set_attr(op, "skip_quant", 1)
 
 
-def _legacy_ops(graph: Graph, what: str) -> list[Any]:
+def _legacy_only(graph: Graph, what: str) -> None:
     if graph.family != "legacy":
         raise GraphError(f"{what} rewrites legacy programs only (PIR output runs float kernels)")
-    return list(graph.model.program.global_block().ops)
-
-
-@dataclass(frozen=True)
-class ResidualFusion:
-    """An ``elementwise_add`` oneDNN computes inside the conv that makes one of its inputs."""
-
-    add: OpRef
-    conv: OpRef  # never writes its own output: the add's output is the fused conv's output
-    residual: str  # the other input: the fused conv's ResidualData, quantized with its own scale
-    output: str  # what the fused conv writes: the add's output, or the activation's fused after it
-
-
-def residual_fusions(graph: Graph) -> list[ResidualFusion]:
-    """The residual adds ``conv_elementwise_add_onednn_fuse_pass`` folds into a conv.
-
-    An input qualifies when a conv made it (:meth:`Dataflow.conv_behind`) and only the add reads
-    it. With two such inputs, the conv fused is the one downstream of the other conv's input (a
-    projection shortcut stays the residual); with one, the other input must reach it. The fused
-    conv's output never exists as a tensor, so a QDQ on it simulates a rounding Paddle Inference
-    does not do (PP-OCR cls: simulated and deployed outputs 1.5 % apart, 0.2 % without it).
-    Empty for PIR graphs.
-    """
-    if graph.family != "legacy":
-        return []
-    flow = Dataflow(graph)
-    found = []
-
-    def fusion(add: OpRef, conv: OpRef, residual: str) -> ResidualFusion:
-        out = add.raw.output("Out")[0]
-        readers = flow.readers.get(out, [])
-        if len(readers) == 1 and readers[0].type in _FUSED_ACTIVATIONS:
-            out = readers[0].output("Out")[0]
-        return ResidualFusion(add, conv, residual, out)
-
-    for add in flow.ops:
-        if add.type != "elementwise_add" or graph.added_param(add) is not None:
-            continue
-        x, y = add.raw.input("X")[0], add.raw.input("Y")[0]
-        if add.raw.block._find_var_recursive(x).shape != add.raw.block._find_var_recursive(y).shape:
-            continue  # the pass does not fuse broadcasting adds
-        conv_x, conv_y = flow.conv_behind(x, read_once=True), flow.conv_behind(y, read_once=True)
-        if conv_x and conv_y:
-            if flow.reaches(conv_x.raw.input("Input")[0], y):
-                found.append(fusion(add, conv_y, x))
-            elif flow.reaches(conv_y.raw.input("Input")[0], x):
-                found.append(fusion(add, conv_x, y))
-        elif conv_x and flow.reaches(y, x):
-            found.append(fusion(add, conv_x, y))
-        elif conv_y and flow.reaches(x, y):
-            found.append(fusion(add, conv_y, x))
-    return found
 
 
 #: Why an op reading a clipping average pool (:func:`clipping_avg_pools`) is left float.
@@ -395,20 +298,20 @@ def clipping_avg_pools(graph: Graph, quantized: Iterable[str]) -> list[ClippingP
     if graph.family != "legacy":
         return []
     quantized = set(quantized)
-    ops = graph.ops()
-    from_output = _propagate([op.raw for op in ops], dict.fromkeys(quantized, 1.0))
+    flow = Dataflow(graph)
+    from_output = _propagate(flow, dict.fromkeys(quantized, 1.0))
     found = []
-    for op in ops:
-        if op.type != "pool2d" or op.raw.attr("pooling_type") != "avg":
+    for op in flow.ops:
+        if op.type != "pool2d" or graph.attr(op, "pooling_type") != "avg":
             continue
-        x, out = op.raw.input("X")[0], op.raw.output("Out")[0]
-        if from_output.get(x) is op.raw and x not in quantized:
-            one_value = op.raw.attr("global_pooling") or (
-                op.raw.attr("adaptive") and list(op.raw.attr("ksize")) == [1, 1]
+        x, out = flow.input(op, "X"), flow.output(op, "Out")
+        if from_output.get(x) is op and x not in quantized:
+            one_value = graph.attr(op, "global_pooling") or (
+                graph.attr(op, "adaptive") and list(graph.attr(op, "ksize")) == [1, 1]
             )
             source = out
             while source not in quantized and source in from_output:
-                source = from_output[source].output("Out")[0]
+                source = flow.output(from_output[source], "Out")
             found.append(ClippingPool(op, x, out, bool(one_value), source))
     return found
 
@@ -434,10 +337,10 @@ def align_residual_signs(graph: Graph) -> list[str]:
         unsigned = unsigned_activations(graph)
         flow = Dataflow(graph)
         relus = {}  # the unsigned side of every mismatch; unsigned vars are relu outputs
-        for fusion in residual_fusions(graph):
+        for fusion in residual.residual_fusions(graph):
             if (fusion.output in unsigned) != (fusion.residual in unsigned):
                 name = fusion.output if fusion.output in unsigned else fusion.residual
-                relus[name] = flow.producer[name]
+                relus[name] = flow.producer(name)
         if not relus:
             return rewritten
         for name, relu in sorted(relus.items()):
@@ -467,14 +370,13 @@ def pooled_residual_outputs(graph: Graph, quantized_inputs: Iterable[str]) -> li
         return []
     scaled = deployed_thresholds(graph, dict.fromkeys(quantized_inputs, 1.0))
     flow = Dataflow(graph)
-    by_raw = {id(op.raw): op for op in flow.ops}
     found = []
-    for fusion in residual_fusions(graph):
-        readers = flow.readers.get(fusion.output, [])
+    for fusion in residual.residual_fusions(graph):
+        readers = flow.readers(fusion.output)
         if fusion.residual not in scaled or fusion.output in scaled or not readers:
             continue
-        if all(raw.type == "pool2d" and raw.output("Out")[0] not in scaled for raw in readers):
-            found.append(PooledResidualOutput(fusion, tuple(by_raw[id(raw)] for raw in readers)))
+        if all(op.type == "pool2d" and flow.output(op, "Out") not in scaled for op in readers):
+            found.append(PooledResidualOutput(fusion, tuple(readers)))
     return found
 
 
@@ -498,7 +400,7 @@ def float_residual_convs(graph: Graph, quantized_inputs: Iterable[str]) -> list[
     scaled = deployed_thresholds(graph, dict.fromkeys(quantized_inputs, 1.0))  # with the scales oneDNN propagates
     unsigned = unsigned_activations(graph)
     return [
-        f.conv for f in residual_fusions(graph)
+        f.conv for f in residual.residual_fusions(graph)
         if f.output not in scaled or f.residual not in scaled or (f.output in unsigned) != (f.residual in unsigned)
     ]
 
@@ -520,7 +422,7 @@ def int8_problem(
     reason = int8_weight_problem(graph, op, bits, per_channel)
     if reason is None and not {a.name for a in graph.activation_operands(op)}.isdisjoint(float_inputs):
         reason = POOL_READER_REASON
-    if reason is None and any(op.raw is conv.raw for conv in float_convs):
+    if reason is None and any(op.key == conv.key for conv in float_convs):
         reason = RESIDUAL_CONV_REASON
     return reason
 
@@ -622,7 +524,7 @@ class OneDnnTarget(DeployTarget):
         read = [a.name for t in targets for a in t.activations]
         if not calibrated:
             return [], {pool.scale_from for pool in clipping_avg_pools(graph, read)}
-        extra = fused_residual_inputs(graph, targets, skip_patterns) if residual_add else []
+        extra = residual.fused_residual_inputs(graph, targets, skip_patterns) if residual_add else []
         if self.fallback:
             extra += _residual_output_pools(graph, targets + extra)
         read = {a.name for t in targets + extra for a in t.activations}
@@ -649,31 +551,15 @@ class OneDnnTarget(DeployTarget):
             config.enable_onednn_int8()
 
 
-def fused_residual_inputs(graph: Graph, targets: list[OpTarget], skip_patterns: Iterable[str]) -> list[OpTarget]:
-    """The residual input of each add :func:`residual_fusions` computes inside a conv of ``targets``.
-
-    oneDNN never rounds the conv's own output and runs other adds in float, so quantizing more
-    would only make the simulation differ from what deploys.
-    """
-    by_op = {id(t.op.raw): t for t in residual_joins(graph, skip_patterns)}
-    convs = {id(t.op.raw) for t in targets}
-    return [
-        OpTarget(fusion.add, None, [a for a in by_op[id(fusion.add.raw)].activations if a.name == fusion.residual],
-                 for_conv=fusion.conv)
-        for fusion in residual_fusions(graph)
-        if id(fusion.add.raw) in by_op and id(fusion.conv.raw) in convs
-    ]  # fmt: skip
-
-
 def _residual_output_pools(graph: Graph, targets: list[OpTarget]) -> list[OpTarget]:
     """The pools whose input to quantize so the fused residual convs of ``targets`` writing it run int8
     (:func:`pooled_residual_outputs`); the pools themselves run float."""
-    convs = {id(t.op.raw) for t in targets}
+    convs = {t.op.key for t in targets}
     read = [a.name for t in targets for a in t.activations]
     return [
         OpTarget(pool, None, graph.activation_operands(pool), for_conv=found.fusion.conv, runs_float=True)
         for found in pooled_residual_outputs(graph, read)
-        if id(found.fusion.conv.raw) in convs
+        if found.fusion.conv.key in convs
         for pool in found.pools
     ]
 

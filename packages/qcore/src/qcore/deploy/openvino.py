@@ -28,7 +28,7 @@ Measured with Paddle 3.3.1 (OpenVINO 2025.0 inside the wheel):
 * Residual joins: like oneDNN, OpenVINO computes a residual ``elementwise_add`` inside the conv
   that makes one input, and runs it right only when the other (residual) input carries a
   FakeQuantize. MobileNetV2 (random weights, batch 8), deployed vs simulated: 1.3 % with the
-  residual inputs quantized (:func:`qcore.deploy.onednn.residual_fusions`), 1.5 % with both
+  residual inputs quantized (:func:`qcore.deploy.residual.residual_fusions`), 1.5 % with both
   inputs of every add, 9.0 % with no add input quantized.
 """
 
@@ -39,9 +39,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import OutputError
+from ..graph import Dataflow
 from ..optable import CONV_TYPES
 from .base import DeployTarget, ModelRules, OpTarget
-from .onednn import Dataflow, fused_residual_inputs
+from .residual import adds_param, fused_residual_inputs
 from .scratch import as_pdmodel
 
 if TYPE_CHECKING:
@@ -69,23 +70,21 @@ EXCITED_CONV_PROBLEM = (
 
 
 def excited_convs(graph: Graph) -> set[int]:
-    """Ids (of ``op.raw``) of the convs whose output, directly or through its bias add, an ``elementwise_mul``
+    """Keys (:attr:`OpRef.key`) of the convs whose output, directly or through its bias add, an ``elementwise_mul``
     of two activations reads (``y * hardsigmoid(se(y))``). Empty for PIR graphs."""
     if graph.family != "legacy":
         return set()
     flow = Dataflow(graph)
 
     def excited(name: str) -> bool:
-        return any(r.type == "elementwise_mul" and flow.params.isdisjoint(r.input_arg_names)
-                   for r in flow.readers.get(name, []))
+        return any(r.type == "elementwise_mul" and not flow.reads_param(r) for r in flow.readers(name))
 
     found = set()
     for conv in graph.ops(sorted(CONV_TYPES)):
         out = graph.output(conv)
-        biased = [r.output("Out")[0] for r in flow.readers.get(out, [])
-                  if r.type == "elementwise_add" and not flow.params.isdisjoint(r.input("Y"))]
+        biased = [flow.output(r, "Out") for r in flow.readers(out) if adds_param(flow, r)]
         if any(excited(name) for name in (out, *biased)):
-            found.add(id(conv.raw))
+            found.add(conv.key)
     return found
 
 
@@ -97,7 +96,7 @@ class OpenVinoRules(ModelRules):
         self.excited = excited_convs(graph)
 
     def problem(self, op: OpRef, bits: int, per_channel: bool) -> str | None:
-        return EXCITED_CONV_PROBLEM if id(op.raw) in self.excited else super().problem(op, bits, per_channel)
+        return EXCITED_CONV_PROBLEM if op.key in self.excited else super().problem(op, bits, per_channel)
 
 
 class OpenVinoTarget(DeployTarget):
