@@ -19,13 +19,19 @@ its own, so the cost is ``iters`` forward/backward passes of one layer per layer
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import paddle
 
+from qcore.deploy import Deployment, OpTarget
+from qcore.graph import Graph
+from qcore.graph.replay import LayerReplay, replayable
+from qcore.paddle_env import eager_mode
 from qcore.quant import abs_max, bounded_thresholds, qmax, scale_from_threshold
+
+from .calibrate import stacked_by_shape
 
 ZETA, GAMMA = 1.1, -0.1
 
@@ -138,3 +144,23 @@ def adaround(
         weight=(codes * scale).astype(np.float32), thresholds=thresholds, loss_nearest=loss_nearest,
         loss_adaround=loss_learned, flipped=float(np.mean(learned != nearest)), used=bool(used),
     )
+
+
+def adaround_targets(graph: Graph, targets: Sequence[OpTarget], samples: dict[str, list[np.ndarray]],
+                     deployment: Deployment, *, per_channel: bool) -> dict[int, AdaRounded]:
+    """AdaRound's weight for every replayable weighted target with kept input ``samples``, by position in
+    ``targets``; each on the largest stack of same-shape samples, run eagerly whatever the caller's mode."""
+    max_code = deployment.weight_max_code(graph.family)
+    rounded = {}
+    for i, target in enumerate(targets):
+        if target.weight is None or not target.activations or not replayable(graph, target.op):
+            continue
+        kept = samples.get(target.activations[0].name)
+        if not kept:
+            continue
+        axis = graph.weight_channel_axis(target.op) if per_channel else None
+        with eager_mode():
+            rounded[i] = adaround(LayerReplay(graph, target.op), stacked_by_shape(kept)[0],
+                                  graph.get_param(target.weight.name), bits=deployment.weight_bits, axis=axis,
+                                  max_code=max_code)
+    return rounded

@@ -10,15 +10,30 @@ ranking, so a model with ``n`` layers costs ``n`` cheap sensitivity runs plus ab
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Callable, Sequence
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qcore.deploy import Deployment
 from qcore.errors import ConfigError, QuantError
+from qcore.graph import Graph
 from qcore.model_io import ModelFiles
+
+from .calibrate import Calibration, run_batches
+from .plan import Plan
+from .rewrite import quantize_graph
+
+if TYPE_CHECKING:
+    from .config import TargetConfig
+
+log = logging.getLogger(__name__)
 
 #: ``eval_function(model_files) -> score``, higher is better (the PaddleSlim / NNCF convention).
 EvalFunction = Callable[[ModelFiles], float]
@@ -153,3 +168,57 @@ def report(budget: Budget, search: Search, float_score: float, sensitivity: list
         "sensitivity": sensitivity, "seconds": round(seconds, 3),
         **({"float_measured": float_measured} if float_measured is not None else {}),
     }
+
+
+def search(graph: Graph, plan: Plan, calibration: Calibration, budget: Budget, *, target: TargetConfig,
+           batches: list[dict[str, np.ndarray]], float_files: ModelFiles, per_channel: bool
+           ) -> tuple[dict[int, str], dict[str, Any]]:
+    """Which layers (by position in the plan's targets) go back to float to meet ``budget``, with the reason for
+    each, and the report section. Candidates are clones of ``graph`` rewritten as the plan says (with those
+    layers float), scored on ``batches`` (label-free) or by ``budget.eval_function`` on their saved files."""
+    start = time.perf_counter()
+    deployment: Deployment = target.deployment
+    reference = run_batches(graph, batches)
+    ops = plan.targets.ops
+    layers = [i for i, t in enumerate(ops) if t.weight is not None and t.for_conv is None]
+
+    def candidate(float_layers: Iterable[int]) -> Graph:
+        clone = graph.clone()
+        keep = {i: "accuracy budget: candidate" for i in float_layers}
+        quantize_graph(clone, target.targets(clone), plan, deployment, calibration, per_channel=per_channel,
+                       keep_float=keep)
+        return clone
+
+    alone = {i: output_error(run_batches(candidate(set(layers) - {i}), batches), reference) for i in layers}
+    order = sorted(layers, key=lambda i: (-alone[i], i))
+
+    def evaluate(k: int, search: Search) -> float:
+        trial = candidate(order[:k])
+        if budget.eval_function is None and budget.measure is None:
+            return output_error(run_batches(trial, batches), reference)
+        with tempfile.TemporaryDirectory(prefix="qptq-budget-") as tmp:
+            files = trial.save(Path(tmp) / "candidate")
+            if budget.measure is not None:
+                search.measured[k] = float(budget.measure(files))
+            if budget.eval_function is None:
+                return output_error(run_batches(trial, batches), reference)
+            return score_of(budget, files, k)
+
+    float_score = 0.0 if budget.eval_function is None else score_of(budget, float_files, None)
+    float_measured = None if budget.measure is None else float(budget.measure(float_files))
+    found = smallest_within(budget, evaluate, float_score, len(order))
+    if not found.met:
+        best = found.tried[found.chosen]
+        miss = float_score - best - (budget.max_metric_drop or 0) if budget.eval_function else best - (
+            budget.max_output_error or 0)
+        log.warning("accuracy budget not met: the best candidate tried (%d layers float, score %.4g) misses it by "
+                    "%.4g; saving it", found.chosen, best, miss)
+    kept = {
+        order[rank]: f"accuracy budget: sensitivity rank {rank + 1} of {len(order)} "
+                     f"(output error {alone[order[rank]]:.3g} with only this layer quantized)"
+        for rank in range(found.chosen)
+    }  # fmt: skip
+    sensitivity = [{"op": ops[i].op.seed_type, "scope": ops[i].op.scope_name,
+                    "weight": ops[i].weight.name if ops[i].weight else None, "output_error": alone[i]}
+                   for i in order]
+    return kept, report(budget, found, float_score, sensitivity, time.perf_counter() - start, float_measured)

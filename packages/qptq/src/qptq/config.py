@@ -1,37 +1,39 @@
-"""The one validated, frozen configuration of a static post-training quantization run.
+"""The validated, frozen settings of one static post-training quantization run, in four groups.
 
-:class:`PTQConfig` holds the keywords of :class:`~qptq.static.PostTrainingQuantization` (those of
-``quant_post_static`` are the same set), checks them once and derives what the run uses: the op
-types, the deployment target, the accuracy budget, the cache file. Both public entry points
-build it from their own call (:meth:`PTQConfig.from_call`); neither re-lists the other's keywords.
+:class:`~qptq.static.PostTrainingQuantization` maps PaddleSlim's keywords (``quant_post_static``
+passes the same set) once into a :class:`PTQConfig` of groups; each PTQ stage receives the group
+it reads, never the quantizer:
+
+* :class:`ModelConfig`: where the float model is, and the caller's executor;
+* :class:`DataConfig`: the calibration data (:meth:`DataConfig.batches`);
+* :class:`TargetConfig`: what the model becomes: the deployment target (the one door to it,
+  :class:`qcore.deploy.Deployment`, with the bit widths), the ops, the activation grids;
+* :class:`CalibrationConfig`: how thresholds and weight codes are chosen;
+* the accuracy budget (:class:`qptq.budget.Budget`, or None).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from qcore.config import (
-    check_paddleslim_keywords,
-    effective_op_types,
-    validate_bits,
-    validate_choice,
-    validate_names,
-)
+from qcore.config import check_paddleslim_keywords, effective_op_types, validate_bits, validate_choice, validate_names
 from qcore.constants import ACTIVATION_QUANTIZE_TYPES, WEIGHT_QUANTIZE_TYPES
-from qcore.deploy import Deployment
+from qcore.deploy import Deployment, Targets
 from qcore.errors import ConfigError
-from qcore.model_io import Model, ModelFiles
+from qcore.graph import Graph
+from qcore.model_io import Model, load_model
 from qcore.thresholds import LAYERWISE_ALGOS, canonical_algo
 
-from .budget import Budget, EvalFunction
+from .budget import Budget
 from .data import check_batch_arguments, feed_batches
 
 log = logging.getLogger(__name__)
@@ -40,127 +42,161 @@ SEED_ACTIVATION_QUANTIZE_TYPE = "range_abs_max"
 
 
 @dataclass(frozen=True)
-class PTQConfig:
-    """Every keyword of one PTQ run as given, validated; the settings derived from them below.
+class ModelConfig:
+    """The float model (a directory or path prefix, optional file names) and the caller's executor."""
 
-    ``algo``, ``deploy_backend``, the bit widths and the name lists are stored normalized
-    (``"direct"`` -> ``"abs_max"``, ``"mkldnn"`` -> ``"onednn"``, tuples). ``scope`` and a
-    non-default ``activation_quantize_type`` are accepted for PaddleSlim's callers and warned
-    about: each loaded model has its own scope, and activation thresholds come from ``algo``.
-    """
-
-    executor: Any
-    sample_generator: Callable[[], Iterable[Any]] | None
-    model_dir: str | os.PathLike[str] | None
-    model_filename: str | None
-    params_filename: str | None
-    batch_generator: Callable[[], Iterable[Any]] | None
-    data_loader: Iterable[Any] | None
-    batch_size: int
-    batch_nums: int | None
-    scope: Any
-    algo: str
-    hist_percent: float
-    quantizable_op_type: Sequence[str]
-    is_full_quantize: bool
-    weight_bits: int
-    activation_bits: int
-    activation_quantize_type: str
-    weight_quantize_type: str
-    optimize_model: bool
-    is_use_cache_file: bool
-    cache_dir: str | os.PathLike[str]
-    skip_patterns: Sequence[str]
-    bias_correction: bool
-    onednn_fallback: bool
-    residual_add: bool
-    progress: bool
-    deploy_backend: str | None
-    onnx_format: bool | None
-    round_type: str
-    activation_symmetric: bool | None  # None or True: symmetric grids; False: asymmetric (qcore.quant.asymmetric_range)
-    skip_tensor_list: Sequence[str] | None
-    eval_function: EvalFunction | None
-    max_metric_drop: float | None
-    max_output_error: float | None
-    max_float_layers: int | None
-    max_evaluations: int
-    measure_candidate: Callable[[ModelFiles], float] | None
-    distributed: bool  # under paddle.distributed: merge every rank's calibration, rank 0 saves
-    # derived in __post_init__
-    op_types: tuple[str, ...] = field(init=False)  # is_full_quantize's op set or quantizable_op_type
-    per_channel: bool = field(init=False)
-    skip_tensors: frozenset[str] = field(init=False)
-    cache_file: Path | None = field(init=False)  # observer checkpoint when is_use_cache_file
-    deployment: Deployment = field(init=False)  # the one door to the target (qcore.deploy.session)
-    budget: Budget | None = field(init=False)
-    grids: str = field(init=False)  # "symmetric", "asymmetric" or "unsigned" (asymmetric for never-negative ones)
-
-    @classmethod
-    def from_call(cls, arguments: Mapping[str, Any]) -> PTQConfig:
-        """The config of a call whose parameters include every keyword of this class
-        (``locals()`` of ``PostTrainingQuantization.__init__`` or ``quant_post_static``)."""
-        return cls(**{f.name: arguments[f.name] for f in fields(cls) if f.init})
+    model_dir: str | os.PathLike[str]
+    model_filename: str | None = None
+    params_filename: str | None = None
+    executor: Any = None  # runs the model when given (PaddleSlim's habit); else each model has its own
 
     def __post_init__(self) -> None:
         if self.model_dir is None:
             raise ConfigError("model_dir is required: the directory (or path prefix) of the float model")
+
+    def load(self) -> Model:
+        """The float model, with the caller's executor if one was given."""
+        model = load_model(self.model_dir, self.model_filename, self.params_filename)
+        if self.executor is not None:
+            model.executor = self.executor
+        return model
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The calibration data: one of three sources (PaddleSlim's), and how many batches of what size."""
+
+    sample_generator: Callable[[], Iterable[Any]] | None = None
+    batch_generator: Callable[[], Iterable[Any]] | None = None
+    data_loader: Iterable[Any] | None = None
+    batch_size: int = 10
+    batch_nums: int | None = None
+
+    def __post_init__(self) -> None:
         check_batch_arguments((self.sample_generator, self.batch_generator, self.data_loader), self.batch_size,
                               self.batch_nums)
         if self.sample_generator is not None and self.data_loader is not None:
             log.info("both sample_generator and data_loader given: calibrating on the data_loader (as PaddleSlim)")
-        op_names = validate_names("quantizable_op_type", self.quantizable_op_type)
-        hist = self.hist_percent
-        if isinstance(hist, bool) or not isinstance(hist, (int, float)) or not 0 < hist <= 1:
-            raise ConfigError(f"hist_percent={hist!r} is not valid; valid choices: a number in (0, 1]")
-        validate_choice("activation_quantize_type", self.activation_quantize_type, ACTIVATION_QUANTIZE_TYPES)
-        validate_choice("weight_quantize_type", self.weight_quantize_type, WEIGHT_QUANTIZE_TYPES[:2])
-        check_paddleslim_keywords(self.onnx_format, self.round_type)
-        budget = Budget.from_options(self.eval_function, self.max_metric_drop, self.max_output_error,
-                                     self.max_float_layers, self.max_evaluations, self.measure_candidate)
-        weight_bits = validate_bits("weight_bits", self.weight_bits, 2, 16)
-        activation_bits = validate_bits("activation_bits", self.activation_bits, 2, 16)
-        deployment = Deployment(self.deploy_backend, weight_bits=weight_bits, activation_bits=activation_bits,
-                                fallback=self.onednn_fallback)
-        ignored = []
-        if self.scope is not None:
-            ignored.append("scope (each loaded model has its own scope)")
-        if self.activation_quantize_type != SEED_ACTIVATION_QUANTIZE_TYPE:
-            ignored.append(f"activation_quantize_type={self.activation_quantize_type!r} (activation thresholds "
-                           f"come from algo={self.algo!r}; the activation ops written are fixed per model family)")
-        if ignored:
-            # stacklevel 5: the line that called PostTrainingQuantization or quant_post_static
-            warnings.warn(f"qptq ignores {' and '.join(ignored)}", UserWarning, stacklevel=5)
-        normalized = {
-            "quantizable_op_type": op_names,
-            "skip_patterns": tuple(self.skip_patterns),
-            "deploy_backend": deployment.name,
-            "weight_bits": weight_bits,
-            "activation_bits": activation_bits,
-            "algo": canonical_algo(self.algo, extra=LAYERWISE_ALGOS),
-        }
-        # None (the default): the target's default grids (symmetric except where its int8 kernels want zero points)
-        grids = deployment.grids(self.activation_symmetric)
-        for name, value in normalized.items():
-            object.__setattr__(self, name, value)
-        derived = {
-            "op_types": effective_op_types(op_names, self.is_full_quantize),
-            "per_channel": self.weight_quantize_type == "channel_wise_abs_max",
-            "skip_tensors": frozenset(self.skip_tensor_list or ()),
-            "cache_file": Path(self.cache_dir) / "observers.json" if self.is_use_cache_file else None,
-            "deployment": deployment,
-            "budget": budget,
-            "grids": grids,
-        }
-        for name, value in derived.items():
-            object.__setattr__(self, name, value)
-
-    def check_model(self, model: Model) -> None:
-        """Refuse a model ``deploy_backend`` cannot run, or bit widths its target cannot run for its family."""
-        self.deployment.check(str(model.source.model_file) if model.source else "", model.family)
 
     def batches(self, model: Model) -> Iterator[dict[str, np.ndarray]]:
         """The calibration batches as ``model``'s feed dicts (a new pass over the data each call)."""
         return feed_batches(model.feed_names, sample_generator=self.sample_generator,
                             batch_generator=self.batch_generator, data_loader=self.data_loader,
                             batch_size=self.batch_size, batch_nums=self.batch_nums, specs=model.feed_specs())
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """What the model becomes: the deployment (target and bit widths), the ops quantized, the grids."""
+
+    deployment: Deployment
+    op_types: tuple[str, ...]  # is_full_quantize's op set or quantizable_op_type
+    skip_patterns: tuple[str, ...] = ("skip_quant",)
+    skip_tensors: frozenset[str] = frozenset()
+    residual_add: bool = True  # quantize residual joins' inputs with their readers (oneDNN's fused adds)
+    optimize_model: bool = False  # fold batch norms into convolutions first
+    grids: str = "symmetric"  # "symmetric", "asymmetric" or "unsigned" (asymmetric for never-negative tensors)
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        deploy_backend: str | None,
+        weight_bits: int,
+        activation_bits: int,
+        onednn_fallback: bool,
+        quantizable_op_type: Sequence[str],
+        is_full_quantize: bool,
+        skip_patterns: Sequence[str],
+        skip_tensor_list: Sequence[str] | None,
+        residual_add: bool,
+        optimize_model: bool,
+        activation_symmetric: bool | None,
+    ) -> TargetConfig:
+        """The target of PaddleSlim's keywords, validated; ``activation_symmetric=None`` takes the target's
+        default grids (symmetric except where its int8 kernels want zero points)."""
+        op_names = validate_names("quantizable_op_type", quantizable_op_type)
+        deployment = Deployment(deploy_backend, weight_bits=validate_bits("weight_bits", weight_bits, 2, 16),
+                                activation_bits=validate_bits("activation_bits", activation_bits, 2, 16),
+                                fallback=onednn_fallback)
+        return cls(deployment, effective_op_types(op_names, is_full_quantize), tuple(skip_patterns),
+                   frozenset(skip_tensor_list or ()), residual_add, optimize_model,
+                   deployment.grids(activation_symmetric))
+
+    def targets(self, graph: Graph) -> Targets:
+        """The ops of :attr:`op_types` not skipped (by pattern or tensor name) plus what the deployment target
+        adds, and the activations whose readers stay float; the same order on every clone."""
+        joins = self.residual_add and "elementwise_add" not in self.op_types  # else they are ordinary targets
+        return self.deployment.targets(graph, self.op_types, self.skip_patterns, self.skip_tensors,
+                                       residual_add=joins)
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """How thresholds and weight codes are chosen, and how the calibration pass runs."""
+
+    algo: str = "KL"
+    hist_percent: float = 0.99999
+    per_channel: bool = True
+    round_type: str = "round"
+    bias_correction: bool = False
+    progress: bool = False
+    distributed: bool = True  # under paddle.distributed: merge every rank's calibration, rank 0 saves
+    cache_file: Path | None = None  # observer checkpoint when is_use_cache_file
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        algo: str,
+        hist_percent: float,
+        weight_quantize_type: str,
+        round_type: str,
+        bias_correction: bool,
+        progress: bool,
+        distributed: bool,
+        is_use_cache_file: bool,
+        cache_dir: str | os.PathLike[str],
+    ) -> CalibrationConfig:
+        """The calibration of PaddleSlim's keywords, validated and normalized (``"direct"`` -> ``"abs_max"``)."""
+        if isinstance(hist_percent, bool) or not isinstance(hist_percent, (int, float)) or not 0 < hist_percent <= 1:
+            raise ConfigError(f"hist_percent={hist_percent!r} is not valid; valid choices: a number in (0, 1]")
+        validate_choice("weight_quantize_type", weight_quantize_type, WEIGHT_QUANTIZE_TYPES[:2])
+        return cls(canonical_algo(algo, extra=LAYERWISE_ALGOS), hist_percent,
+                   weight_quantize_type == "channel_wise_abs_max", round_type, bias_correction, progress, distributed,
+                   Path(cache_dir) / "observers.json" if is_use_cache_file else None)
+
+
+@dataclass(frozen=True)
+class PTQConfig:
+    """One run's settings: the model, its calibration data, its target, how to calibrate, the budget."""
+
+    model: ModelConfig
+    data: DataConfig
+    target: TargetConfig
+    calibration: CalibrationConfig
+    budget: Budget | None = None
+
+
+def check_paddleslim_only(scope: Any, activation_quantize_type: str, onnx_format: bool | None, round_type: str,
+                          algo: str) -> None:
+    """Refuse PaddleSlim keyword values with no meaning here; warn, at the caller's line, about those ignored:
+    ``scope`` (each loaded model has its own) and a non-default ``activation_quantize_type``."""
+    validate_choice("activation_quantize_type", activation_quantize_type, ACTIVATION_QUANTIZE_TYPES)
+    check_paddleslim_keywords(onnx_format, round_type)
+    ignored = []
+    if scope is not None:
+        ignored.append("scope (each loaded model has its own scope)")
+    if activation_quantize_type != SEED_ACTIVATION_QUANTIZE_TYPE:
+        ignored.append(f"activation_quantize_type={activation_quantize_type!r} (activation thresholds "
+                       f"come from algo={algo!r}; the activation ops written are fixed per model family)")
+    if ignored:
+        warnings.warn(f"qptq ignores {' and '.join(ignored)}", UserWarning, stacklevel=_callers_level())
+
+
+def _callers_level() -> int:
+    """``warnings.warn``'s stacklevel for the first frame outside qptq (the user's call)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("qptq."):
+        frame, level = frame.f_back, level + 1
+    return level

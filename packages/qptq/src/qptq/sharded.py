@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from itertools import chain
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,64 +33,70 @@ from qcore.deploy import OpTarget
 from qcore.distributed import DistributedError, active, all_gather, check_same, digest_files, world
 from qcore.errors import ConfigError, DataError, QuantError
 from qcore.graph import Graph
+from qcore.model_io import Model
 from qcore.observers import HistogramObserver
 
 from .calibrate import Calibration, ChannelMean, calibrate
 
 #: How :func:`qptq.data.feed_batches` reports a source that yielded nothing (an empty shard here).
+if TYPE_CHECKING:
+    from .config import PTQConfig
+
 EMPTY = "calibration data is empty"
 
 
-def settings(ptq: Any) -> dict[str, Any]:
-    """The options of ``ptq`` (a PostTrainingQuantization) that change the result, for :func:`check_same`."""
+def settings(config: PTQConfig) -> dict[str, Any]:
+    """The options of a run that change the result, for :func:`check_same`."""
+    target, calibration, deployment = config.target, config.calibration, config.target.deployment
     return {
-        "algo": ptq.algo, "hist_percent": ptq.hist_percent, "weight_bits": ptq.weight_bits,
-        "activation_bits": ptq.activation_bits, "per_channel": ptq.per_channel, "op_types": list(ptq.op_types),
-        "skip_patterns": list(ptq.skip_patterns), "skip_tensor_list": sorted(ptq.skip_tensors),
-        "bias_correction": ptq.bias_correction, "round_type": ptq.round_type, "residual_add": ptq.residual_add,
-        "onednn_fallback": ptq.onednn_fallback, "deploy_backend": ptq.deploy_backend,
-        "optimize_model": ptq.optimize_model,
+        "algo": calibration.algo, "hist_percent": calibration.hist_percent, "weight_bits": deployment.weight_bits,
+        "activation_bits": deployment.activation_bits, "per_channel": calibration.per_channel,
+        "op_types": list(target.op_types), "skip_patterns": list(target.skip_patterns),
+        "skip_tensor_list": sorted(target.skip_tensors), "bias_correction": calibration.bias_correction,
+        "round_type": calibration.round_type, "residual_add": target.residual_add,
+        "onednn_fallback": deployment.fallback, "deploy_backend": deployment.name,
+        "optimize_model": target.optimize_model,
     }  # fmt: skip
 
 
-def model_identity(ptq: Any) -> dict[str, Any]:
-    """What identifies the model ``ptq`` loaded: its IR family and a digest of its files."""
-    source = ptq.model.source
+def model_identity(model: Model) -> dict[str, Any]:
+    """What identifies a loaded model: its IR family and a digest of its files."""
+    source = model.source
     files = [] if source is None else [source.model_file, source.params_file or source.directory]
-    return {"family": ptq.model.family, "files (sha256)": digest_files(files) if files else None}
+    return {"family": model.family, "files (sha256)": digest_files(files) if files else None}
 
 
 def calibrate_sharded(
-    ptq: Any,
     graph: Graph,
     targets: list[OpTarget],
-    batches: Iterable[dict[str, np.ndarray]],
+    config: PTQConfig,
+    model: Model,
     *,
-    enabled: bool = True,
-    progress: bool = False,
     channel_means: dict[str, ChannelMean] | None = None,
     keep_samples: int = 0,
 ) -> Calibration:
-    """:func:`~qptq.calibrate.calibrate` over this rank's ``batches``, merged over every rank.
+    """:func:`~qptq.calibrate.calibrate` over this rank's batches of ``config.data``, merged over every rank.
 
-    In a single process, or with ``enabled=False``, this is exactly ``calibrate(...)``.
+    In a single process, or with ``distributed=False``, this is exactly ``calibrate(...)``.
     """
-    if not active(enabled):
+    batches, progress = config.data.batches(model), config.calibration.progress
+    if not active(config.calibration.distributed):
         return calibrate(graph, targets, batches, progress=progress, channel_means=channel_means,
                          keep_samples=keep_samples)
-    if ptq.budget is not None:
+    if config.budget is not None:
         raise ConfigError("an accuracy budget is not supported with sharded calibration (each rank would score its "
                           "own batches); run it in one process or pass distributed=False")
     try:
-        return _calibrate_ranks(ptq, graph, targets, batches, progress, channel_means, keep_samples)
+        return _calibrate_ranks(config, model, graph, targets, batches, progress, channel_means, keep_samples)
     except DistributedError as exc:  # before any output: say so
         raise DistributedError(f"{exc}; nothing was written") from exc
 
 
-def _calibrate_ranks(ptq: Any, graph: Graph, targets: list[OpTarget], batches: Iterable[dict[str, np.ndarray]],
-                     progress: bool, channel_means: dict[str, ChannelMean] | None, keep_samples: int) -> Calibration:
-    check_same("quantization settings", settings(ptq), "pass the same arguments on every rank")
-    check_same("model", model_identity(ptq), "load the same model on every rank")
+def _calibrate_ranks(config: PTQConfig, model: Model, graph: Graph, targets: list[OpTarget],
+                     batches: Iterable[dict[str, np.ndarray]], progress: bool,
+                     channel_means: dict[str, ChannelMean] | None, keep_samples: int) -> Calibration:
+    check_same("quantization settings", settings(config), "pass the same arguments on every rank")
+    check_same("model", model_identity(model), "load the same model on every rank")
     rank, _ = world()
     stream = iter(batches)
     first, problem = None, None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import paddle
@@ -25,6 +26,7 @@ import paddle
 from qcore.deploy import OpTarget
 from qcore.graph import Graph
 from qcore.graph.replay import replayable
+from qcore.model_io import Model
 from qcore.observers import HistogramObserver
 from qcore.optable import FC, kind_of
 from qcore.paddle_env import eager_mode
@@ -33,6 +35,10 @@ from qcore.thresholds import search_threshold
 
 from .auto import ReplayedLayer, fake_quantize_grid, squared_relative_error
 from .calibrate import SCORED_ROWS, first_rows, stacked_by_shape
+from .sharded import calibrate_sharded
+
+if TYPE_CHECKING:
+    from .config import PTQConfig
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +135,25 @@ def apply_smoothing(graph: Graph, groups: dict[str, list[OpTarget]], choices: Se
         graph.scale_activation([t.activations[0] for t in readers], 1.0 / choice.factors)
         done += 1
     return done
+
+
+def smooth_graph(graph: Graph, targets: list[OpTarget], config: PTQConfig, model: Model, keep_samples: int
+                 ) -> list[Smoothing]:
+    """Graph preparation for ``auto``: activation smoothing where it lowers the matmul outputs' error
+    (:mod:`qptq.smooth`), from a pass that keeps samples of the matmul inputs; returns the choice for each."""
+    groups = smoothable(graph, targets)
+    if not groups:
+        return []
+    readers = [t for group in groups.values() for t in group]
+    seen = calibrate_sharded(graph, readers, config, model, keep_samples=keep_samples)
+    deployment, grids = config.target.deployment, config.target.grids
+    choices = choose_smoothing(graph, groups, seen.activation_samples, weight_bits=deployment.weight_bits,
+                               activation_bits=deployment.activation_bits,
+                               hist_percent=config.calibration.hist_percent,
+                               grid=lambda threshold, lo, hi: deployment.activation_grid(grids, threshold, lo, hi))
+    smoothed = apply_smoothing(graph, groups, choices)
+    log.info("activation smoothing: %d of %d matmul inputs smoothed", smoothed, len(groups))
+    return choices
 
 
 def _scored_rows(layers: list[_Reader]) -> int:

@@ -71,6 +71,7 @@ class Deployment:
         target = get_target(deploy_backend)
         self.target: DeployTarget = target if fallback else target.without_fallback()
         self.requested = deploy_backend is not None
+        self.fallback = fallback
         self.weight_bits = weight_bits
         self.activation_bits = activation_bits
         if self.target.cpu_int8 and self.target.overflow_fix is None:
