@@ -11,7 +11,7 @@ import pytest
 from qcore.config import QuantConfig
 from qcore.errors import ConfigError
 from qptq import PostTrainingQuantization, quant_post_static
-from qptq.config import CalibrationConfig, PTQConfig, TargetConfig
+from qptq.config import CalibrationConfig, TargetConfig
 
 # PaddleSlim's positional order, which callers rely on; q*'s additions follow.
 PTQ_POSITIONAL = [

@@ -79,7 +79,8 @@ def choose_thresholds(
             stacks = stacked_by_shape(kept)
             layers = [ReplayedLayer(graph, t) if replayable(graph, t.op) else None for t in readers[name]]
             if all(kind_of(t.op.seed_type) is FC for t in readers[name]):  # rows are independent: bound the time
-                stacks = [first_rows(x, SCORED_ROWS) for x in stacks]
+                rows = scored_rows([layer for layer in layers if layer is not None])
+                stacks = [first_rows(x, rows) for x in stacks]
             references = [[layer.run(x) if layer else x for layer in layers] for x in stacks]
 
             replays = _Replays(stacks, references, layers, bits)
@@ -144,6 +145,20 @@ def squared_relative_error(y: np.ndarray, reference: np.ndarray) -> float:
     return diff / norm if norm > 0 else diff
 
 
+#: Multiply-adds one candidate's scoring may cost (rows x the readers' weight sizes): wider matmuls are scored on
+#: fewer rows, down to :data:`MIN_SCORED_ROWS` (all-MiniLM-L6-v2's widest readers get the full :data:`SCORED_ROWS`;
+#: all-mpnet-base-v2's FFN 256: scoring every matmul on 1024 rows made its ``auto`` 6x ``hist``'s time).
+SCORED_MACS = SCORED_ROWS * 384 * 1536
+MIN_SCORED_ROWS = 256
+
+
+def scored_rows(layers: Sequence[ReplayedLayer]) -> int:
+    """Rows of an activation read by the matmuls ``layers`` to score candidates on: :data:`SCORED_ROWS`, fewer
+    for wide readers (within :data:`SCORED_MACS`), at least :data:`MIN_SCORED_ROWS`."""
+    macs = sum(layer.weight_size for layer in layers)
+    return int(min(SCORED_ROWS, max(MIN_SCORED_ROWS, SCORED_MACS // max(macs, 1))))
+
+
 class ReplayedLayer:
     """One weighted reader of an activation, replayed eagerly with its float weight (or another one)."""
 
@@ -152,6 +167,11 @@ class ReplayedLayer:
         self.replay = LayerReplay(graph, target.op)
         self.weight = graph.get_param(target.weight.name).astype(np.float32)
         self._weight_tensor = paddle.to_tensor(self.weight)
+
+    @property
+    def weight_size(self) -> int:
+        """Multiply-adds per input row (of a matmul)."""
+        return int(self.weight.size)
 
     def run(self, x: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
         """The layer's output for ``x``, with ``weight`` in place of its own when given."""

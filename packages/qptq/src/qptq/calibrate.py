@@ -7,8 +7,7 @@ batches and every threshold algorithm can be scored from the same pass.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -110,31 +109,15 @@ def calibrate(
     result.activation_samples = {n: [] for n in names} if keep_samples > 0 else {}
     fetch = [unique[n].value for n in names]
     iterator = tqdm(batches, desc="calibrating", unit="batch", disable=not progress) if tqdm else batches
-    with onednn_kernels(), _ops_in_test_mode(graph):
+    # is_test on: oneDNN's conv2d_transpose kernel runs only with it, and an inference program means it anyway
+    with onednn_kernels(), graph.test_mode():
         _observe(graph, iterator, names, fetch, result, keep_samples)
     return result
 
 
-@contextlib.contextmanager
-def _ops_in_test_mode(graph: Graph) -> Iterator[None]:
-    """Set ``is_test`` on the legacy ops that carry it for the body (oneDNN's conv2d_transpose kernel
-    runs only with it; an inference program means it anyway), then put the old values back."""
-    changed = []
-    if graph.family == "legacy":
-        for op in graph.ops():
-            if op.raw.has_attr("is_test") and not op.raw.attr("is_test"):
-                op.raw._set_attr("is_test", True)
-                changed.append(op.raw)
-    try:
-        yield
-    finally:
-        for raw in changed:
-            raw._set_attr("is_test", False)
-
-
 def run_batches(graph: Graph, batches: Iterable[dict[str, np.ndarray]]) -> list[np.ndarray]:
     """Every output of ``graph`` on every batch, run as calibration runs it (oneDNN float kernels)."""
-    with onednn_kernels(), _ops_in_test_mode(graph):
+    with onednn_kernels(), graph.test_mode():
         return [out for feed in batches for out in _run(graph, feed, graph.model.fetch_targets)]
 
 

@@ -33,8 +33,8 @@ from qcore.paddle_env import eager_mode
 from qcore.quant import fake_quantize
 from qcore.thresholds import search_threshold
 
-from .auto import ReplayedLayer, fake_quantize_grid, squared_relative_error
-from .calibrate import SCORED_ROWS, first_rows, stacked_by_shape
+from .auto import ReplayedLayer, fake_quantize_grid, scored_rows, squared_relative_error
+from .calibrate import first_rows, stacked_by_shape
 from .sharded import calibrate_sharded
 
 if TYPE_CHECKING:
@@ -49,11 +49,6 @@ ALPHAS = (0.25, 0.5, 0.75, 0.9)
 MIN_GAIN = 1.5
 #: The thresholds each candidate is scored at (the final one is ``auto``'s choice among every algo).
 SCORED_ALGOS = ("abs_max", "hist", "mse")
-#: Multiply-adds one candidate's scoring may cost (rows x the readers' weight sizes): wider layers are scored on
-#: fewer rows, down to 256 (all-MiniLM-L6-v2's widest readers get the full 1024 rows; all-mpnet-base-v2's FFN
-#: 256: its ``auto`` took 6x ``hist``'s time scoring every layer on 1024 rows).
-SCORED_MACS = SCORED_ROWS * 384 * 1536
-MIN_SCORED_ROWS = 256
 #: ``(threshold, lo, hi) -> (threshold, offset)``: the grid an activation seen over ``[lo, hi]`` deploys with.
 Grid = Callable[[float, float, float], tuple[float, float]]
 
@@ -102,7 +97,7 @@ def choose_smoothing(
                 continue
             stacks = stacked_by_shape(kept)  # scored on the largest stack, channel maxima from all
             layers = [_Reader(graph, t) for t in readers]
-            x = first_rows(stacks[0], _scored_rows(layers))
+            x = first_rows(stacks[0], scored_rows(layers))
             references = [layer.run(x) for layer in layers]
             x_max = np.max([np.abs(s.reshape(-1, s.shape[-1])).max(0) for s in stacks], axis=0)
             w_max = np.max([layer.row_max() for layer in layers], axis=0)
@@ -156,12 +151,6 @@ def smooth_graph(graph: Graph, targets: list[OpTarget], config: PTQConfig, model
     return choices
 
 
-def _scored_rows(layers: list[_Reader]) -> int:
-    """Rows to score on: :data:`SCORED_ROWS`, fewer for wide readers (:data:`SCORED_MACS`)."""
-    macs = sum(layer.weight_size for layer in layers)
-    return int(min(SCORED_ROWS, max(MIN_SCORED_ROWS, SCORED_MACS // max(macs, 1))))
-
-
 def _error(x: np.ndarray, s: np.ndarray | None, layers: list[_Reader], references: list[np.ndarray],
            weight_bits: int, activation_bits: int, grid: Grid, hist_percent: float) -> float:
     """The readers' summed output error with ``x / s`` and ``s W`` quantized, at the best threshold."""
@@ -193,10 +182,6 @@ class _Reader(ReplayedLayer):
     def row_max(self) -> np.ndarray:
         return np.abs(self.weight).max(axis=self.out_axis)
 
-    @property
-    def weight_size(self) -> int:
-        """Multiply-adds per input row."""
-        return int(self.weight.size)
 
     def quantized_weight(self, s: np.ndarray | None, bits: int) -> np.ndarray:
         """``s W`` (rows scaled) fake-quantized per output channel at its abs max."""

@@ -36,7 +36,7 @@ import paddle
 from qcore.config import QuantConfig
 from qcore.deploy import Deployment
 from qcore.errors import ConfigError, GraphError, QuantError
-from qcore.graph import Graph, Operand, OpRef, open_graph
+from qcore.graph import Graph, Operand, OpRef, PirGraph
 from qcore.model_io import Model
 from qcore.paddle_env import cpu_executor, static_mode
 from qcore.quant import abs_max, fake_quantize
@@ -50,7 +50,6 @@ Hook = Callable[[Any], Any] | None
 
 _ACT_OP = "pd_op.fake_quantize_dequantize_moving_average_abs_max"
 _WEIGHT_OPS = ("pd_op.fake_channel_wise_quantize_dequantize_abs_max", "pd_op.fake_quantize_dequantize_abs_max")
-_ROUND_HALF_EVEN = 0  # Paddle's round_type 0, what qcore.quant uses
 _INT8_MAPS: dict[Any, Any] = {}  # int8 program -> IrMapping from the converted program
 
 
@@ -79,8 +78,8 @@ def _check_slim_keywords(family: str, hooks: tuple[Hook, ...], calib_config: Map
                           "config['quantize_op_types'] (e.g. add 'matmul_v2' for transformers)")
 
 
-def _graph(program: Any, scope: Any) -> Graph:
-    return open_graph(Model(program, [], [], scope or paddle.static.global_scope(), "pir"))
+def _graph(program: Any, scope: Any) -> PirGraph:
+    return PirGraph(Model(program, [], [], scope or paddle.static.global_scope(), "pir"))
 
 
 def _targets(graph: Graph, cfg: QuantConfig) -> list[tuple[OpRef, Operand | None, list[Operand]]]:
@@ -92,68 +91,44 @@ def _targets(graph: Graph, cfg: QuantConfig) -> list[tuple[OpRef, Operand | None
 
 
 class _Builder:
-    """Builds fake-quant ops into a PIR program just before a given op."""
+    """Builds the fake quantization of an op's inputs, or the hooks' ops, into a PIR program just before the op."""
 
-    def __init__(self, scope: Any, cfg: QuantConfig, for_test: bool) -> None:
-        self.cfg, self.for_test = cfg, for_test
-        self.scope = scope or paddle.static.global_scope()
-        self.startup = paddle.static.Program()
+    def __init__(self, graph: PirGraph, cfg: QuantConfig, for_test: bool) -> None:
+        self.graph, self.cfg, self.for_test = graph, cfg, for_test
 
-    def state(self, name: str, value: float) -> Any:
-        param = paddle.static.create_parameter(
-            [1], "float32", name=name, default_initializer=paddle.nn.initializer.Constant(value)
-        )
-        param.stop_gradient = True
-        return param
-
-    def activation(self, x: Any, name: str, hooks: tuple[Hook, Hook]) -> Any:
+    def activation(self, op: OpRef, x: Any, name: str, hooks: tuple[Hook, Hook]) -> Any:
         preprocess, quantize = hooks
         if preprocess is not None:
             x = preprocess(x)
         if quantize is not None:
             return quantize(x)
         cfg = self.cfg
-        scale = self.state(f"{name}@scale", 0.0)
-        accum, state = self.state(f"{name}@accum", 0.0), self.state(f"{name}@state", 0.0)
-        if self.for_test:
-            return paddle._C_ops.fake_quantize_dequantize_moving_average_abs_max(
-                x, scale, accum, state, cfg.moving_rate, cfg.activation_bits, True, _ROUND_HALF_EVEN
-            )[0]
-        if cfg.activation_quantize_type == "abs_max":  # this batch's abs max; the test program reads the last
-            out, batch_scale = paddle._C_ops.fake_quantize_dequantize_abs_max(x, cfg.activation_bits, _ROUND_HALF_EVEN)
-            paddle._C_ops.assign_out_(batch_scale, scale)
-            return out
-        out, _, new_state, new_accum = paddle._C_ops.fake_quantize_dequantize_moving_average_abs_max_(
-            x, scale, accum, state, cfg.moving_rate, cfg.activation_bits, False, _ROUND_HALF_EVEN
-        )
-        paddle._C_ops.assign_out_(new_state, state)
-        paddle._C_ops.assign_out_(new_accum, accum)
-        return out
+        # activation_quantize_type='abs_max': this batch's abs max; the test program reads the last
+        return self.graph.fake_quant_activation(op, x, name, cfg.activation_bits, cfg.moving_rate, test=self.for_test,
+                                                batch_abs_max=cfg.activation_quantize_type == "abs_max")
 
-    def weight(self, w: Any, axis: int | None, hooks: tuple[Hook, Hook]) -> Any:
+    def weight(self, op: OpRef, w: Any, axis: int | None, hooks: tuple[Hook, Hook]) -> Any:
         preprocess, quantize = hooks
         if preprocess is not None:
             w = preprocess(w)
         if quantize is not None:
             return quantize(w)
-        bits = self.cfg.weight_bits
-        if self.cfg.weight_quantize_type == "channel_wise_abs_max" and axis is not None:
-            return paddle._C_ops.fake_channel_wise_quantize_dequantize_abs_max(w, bits, _ROUND_HALF_EVEN, axis)[0]
-        return paddle._C_ops.fake_quantize_dequantize_abs_max(w, bits, _ROUND_HALF_EVEN)[0]
+        return self.graph.fake_quant_weight(op, w, self.cfg.weight_bits, axis)
 
     def initialise(self, executor: Any) -> None:
         """Initialise the variables this call created (hooks' parameters too).
 
-        The startup runs in a scratch scope and only variables missing from ``scope`` are
-        copied over, so quantizing the test program never resets what training learned.
+        The graph's startup program runs in a scratch scope and only variables missing from the
+        scope are copied over, so quantizing the test program never resets what training learned.
         """
+        scope = self.graph.model.scope
         scratch = paddle.static.Scope()
         with paddle.static.scope_guard(scratch):
-            (executor or cpu_executor()).run(self.startup)
+            (executor or cpu_executor()).run(self.graph.startup)
         for name in scratch.local_var_names():
-            if self.scope.find_var(name) is None:
+            if scope.find_var(name) is None:
                 value = np.array(scratch.find_var(name).get_tensor())
-                self.scope.var(name).get_tensor().set(value, paddle.CPUPlace())
+                scope.var(name).get_tensor().set(value, paddle.CPUPlace())
 
 
 def quant_aware(
@@ -199,11 +174,11 @@ def quant_aware(
         raise ConfigError("pattern_ops is not supported; list the op types in config['quantize_op_types']")
     del return_program, draw_graph
     if family == "legacy":
-        scope = scope or paddle.static.global_scope()
-        scales = quant_aware_legacy(program, legacy_graph(program, scope), cfg, for_test, scale_dict)
+        graph = legacy_graph(program, scope)
+        scales = quant_aware_legacy(graph, cfg, for_test, scale_dict)
         if not scales:
             log.warning("no op of %s found in the program: nothing to quantize", list(cfg.effective_op_types))
-        return (program, learned_scales(program, scope)) if return_scale_dict else program
+        return (program, learned_scales(graph)) if return_scale_dict else program
     if scale_dict:
         raise ConfigError("scale_dict starts legacy programs' scales; PIR programs learn them from 0")
     if optimizer_func is not None:
@@ -212,21 +187,20 @@ def quant_aware(
     targets = _targets(graph, cfg)
     if not targets:
         log.warning("no op of %s found in the program: nothing to quantize", list(cfg.effective_op_types))
-    builder = _Builder(scope, cfg, for_test)
+    builder = _Builder(graph, cfg, for_test)
     done: dict[str, Any] = {}
-    with static_mode("pir", builder.scope), paddle.static.program_guard(program, builder.startup):
+    with static_mode("pir", graph.model.scope):
         for op, weight, activations in targets:
-            paddle.pir.set_insertion_point(op.raw)
-            for i, act in enumerate(activations):
-                if act.name not in done:  # a tensor several ops read is quantized once
-                    name = f"{weight.name}@act{i}" if weight is not None else f"{act.name}@act"
-                    done[act.name] = builder.activation(act.value, name, (act_preprocess_func, act_quantize_func))
-                op.raw.operand(act.index).set_source(done[act.name])
-            if weight is not None:
-                axis = graph.weight_channel_axis(op)
-                hooks = (weight_preprocess_func, weight_quantize_func)
-                op.raw.operand(weight.index).set_source(builder.weight(weight.value, axis, hooks))
-        paddle.pir.set_insertion_point_to_block_end(program.global_block())
+            with graph.inserting_before(op):
+                for i, act in enumerate(activations):
+                    if act.name not in done:  # a tensor several ops read is quantized once
+                        name = f"{weight.name}@act{i}" if weight is not None else f"{act.name}@act"
+                        hooks = (act_preprocess_func, act_quantize_func)
+                        done[act.name] = builder.activation(op, act.value, name, hooks)
+                    graph.rename_input(op, act.value, done[act.name])
+                if weight is not None:
+                    hooks = (weight_preprocess_func, weight_quantize_func)
+                    graph.rename_input(op, weight.value, builder.weight(op, weight.value, _axis(graph, op, cfg), hooks))
     builder.initialise(executor)
     if return_scale_dict:
         return program, {name: 0.0 for name in done}
@@ -235,10 +209,8 @@ def quant_aware(
 
 def _strip_weight_quant(graph: Graph) -> None:
     """Make each op read its float weight again; drop the weight fake-quant ops."""
-    block = graph.model.program.global_block()
-    for raw in [op for op in block.ops if op.name() in _WEIGHT_OPS]:
-        raw.result(0).replace_all_uses_with(raw.operand_source(0))
-        block.remove_op(raw)
+    for op in [op for op in graph.ops() if op.type in _WEIGHT_OPS]:
+        graph.bypass(op, "x")
 
 
 def convert(
@@ -268,7 +240,7 @@ def convert(
         deployment = Deployment(deploy_backend, weight_bits=cfg.weight_bits, activation_bits=cfg.activation_bits)
         deployment.check("", "legacy")
         with static_mode("legacy", scope):
-            left_float = convert_legacy(program, legacy_graph(program, scope), cfg, deployment)
+            left_float = convert_legacy(legacy_graph(program, scope), cfg, deployment)
         for weight, why in left_float.items():
             log.info("convert: %s stays float (%s)", weight, why)
         return (program, program) if save_int8 else program
@@ -276,12 +248,12 @@ def convert(
     if deploy_backend is not None and float_kernels is not None:
         log.warning("convert: %s; for int8 speed on it export a legacy model (QAT.save_quantized_model(..., "
                     "family='legacy'))", float_kernels)
-    acts = [op for op in program.global_block().ops if op.name() in (_ACT_OP, _ACT_OP + "_")]
-    if any(not op.attrs()["is_test"] for op in acts):
+    graph = _graph(program, scope)
+    acts = [op for op in graph.ops() if op.type in (_ACT_OP, _ACT_OP + "_")]
+    if any(not graph.attr(op, "is_test") for op in acts):
         raise QuantError("convert takes the test program: call quant_aware(test_program, ..., for_test=True)")
     if not acts:
         raise QuantError("the program has no fake-quant op; call quant_aware(program, ..., for_test=True) first")
-    graph = _graph(program, scope)
     with static_mode("pir", scope):
         _strip_weight_quant(graph)
         targets = [(op, w) for op, w, _ in _targets(graph, cfg) if w is not None]

@@ -54,18 +54,18 @@ def apply_rules(
     graph: Graph, rules: ModelRules, planned: Sequence[Planned], *, weight_bits: int = 8, activation_bits: int = 8
 ) -> list[Applied]:
     """Quantize every ``planned`` op the ``rules`` let run int8; returns what happened to each, in order."""
-    float_ops: dict[int, bool] = {}  # id of an op left float -> whether the caller's choice left it (or its conv)
+    float_ops: dict[int, bool] = {}  # key of an op left float -> whether the caller's choice left it (or its conv)
     max_code = rules.target.weight_max_code(weight_bits, graph.family)
     results = []
     for item in planned:
         target = item.target
         reason = item.keep_float or rules.problem(target.op, weight_bits, item.per_channel)
         callers = item.keep_float is not None
-        conv = None if target.for_conv is None else id(target.for_conv.raw)
+        conv = None if target.for_conv is None else target.for_conv.key
         if reason is None and conv in float_ops:
             reason, callers = FOR_FLOAT_CONV_REASON, float_ops[conv]
         if reason is not None:
-            float_ops[id(target.op.raw)] = callers
+            float_ops[target.op.key] = callers
             # a caller's own reason (e.g. each accuracy-budget candidate) is its business, not a warning; what
             # follows from it (the residual add of a conv it keeps float) is logged at info level
             log_as = log.warning if not callers else log.debug if item.keep_float else log.info

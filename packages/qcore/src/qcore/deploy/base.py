@@ -65,18 +65,18 @@ def int8_joins(graph: Graph, skip_patterns: Iterable[str] = ()) -> list[OpTarget
     all-mpnet-base-v2: cosine 0.64 with nothing else quantized)."""
     joins = residual_joins(graph, skip_patterns)
     readers = graph.readers([t.op for t in joins])
-    kept = {id(t.op.raw) for t in joins
-            if not any(r.op.type.split(".")[-1] in NORMALIZING_READERS for r in readers[id(t.op.raw)])}
-    ids = {id(t.op.raw) for t in joins}
+    kept = {t.op.key for t in joins
+            if not any(r.op.type.split(".")[-1] in NORMALIZING_READERS for r in readers[t.op.key])}
+    keys = {t.op.key for t in joins}
     changed = True
     while changed:  # a join feeding only float joins gains nothing either
         changed = False
         for key in list(kept):
-            read_by = [id(r.op.raw) for r in readers[key]]
-            if read_by and all(r in ids and r not in kept for r in read_by):
+            read_by = [r.op.key for r in readers[key]]
+            if read_by and all(r in keys and r not in kept for r in read_by):
                 kept.discard(key)
                 changed = True
-    return [t for t in joins if id(t.op.raw) in kept]
+    return [t for t in joins if t.op.key in kept]
 
 
 #: Legacy op attribute recording which backend a model was quantized for (on its first op after the feeds).
@@ -88,7 +88,7 @@ def mark_model(graph: Graph, target: DeployTarget) -> None:
     if graph.family == "legacy":
         first = next((op for op in graph.ops() if op.type not in ("feed", "fetch")), None)
         if first is not None:
-            first.raw._set_attr(MARK_ATTR, target.name)
+            graph.set_attr(first, MARK_ATTR, target.name)
 
 
 def marked_backend(program: bytes) -> str | None:

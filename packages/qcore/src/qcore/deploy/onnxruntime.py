@@ -46,10 +46,10 @@ class OutputReaderRules(ModelRules):
 
     def __init__(self, target: DeployTarget, graph: Graph, readers: Iterable[OpTarget]) -> None:
         super().__init__(target, graph)
-        self.readers = {id(t.op.raw) for t in readers if t.runs_float}
+        self.readers = {t.op.key for t in readers if t.runs_float}
 
     def problem(self, op: OpRef, bits: int, per_channel: bool) -> str | None:
-        return None if id(op.raw) in self.readers else super().problem(op, bits, per_channel)
+        return None if op.key in self.readers else super().problem(op, bits, per_channel)
 
 
 class OnnxRuntimeTarget(OnnxTarget):
@@ -75,19 +75,19 @@ class OnnxRuntimeTarget(OnnxTarget):
         readers = graph.readers(weighted)
         biased = {}
         for op in weighted:
-            found = readers[id(op.raw)]
+            found = readers[op.key]
             if len(found) == 1 and found[0].op.seed_type == "elementwise_add" and graph.added_param(found[0].op):
-                biased[id(op.raw)] = found[0].op
+                biased[op.key] = found[0].op
         after_bias = graph.readers(biased.values())
-        planned = {id(t.op.raw) for t in [*targets, *extra]}
+        planned = {t.op.key for t in [*targets, *extra]}
         for op in weighted:
-            add = biased.get(id(op.raw))
-            for operand in after_bias[id(add.raw)] if add is not None else readers[id(op.raw)]:
+            add = biased.get(op.key)
+            for operand in after_bias[add.key] if add is not None else readers[op.key]:
                 # ONNX Runtime fuses a relu into the conv before it when the relu's output is quantized
                 if operand.op.type.split(".")[-1] in FUSED_ACTIVATIONS:
                     continue
-                if id(operand.op.raw) not in planned:
-                    planned.add(id(operand.op.raw))
+                if operand.op.key not in planned:
+                    planned.add(operand.op.key)
                     extra.append(OpTarget(operand.op, None, [operand], for_conv=op, runs_float=True))
         return extra, float_inputs
 
