@@ -242,6 +242,8 @@ def test_residual_signs_are_aligned_down_the_chain_without_changing_values(tmp_p
     fresh = open_graph(load_model(tmp_path / "legacy"))
     _, projection, after_projection = residual_fusions(fresh)
     rules = OneDnnRules(TARGET, fresh, every_input)  # the same, bundled
+    assert rules.rewrites == {} and fresh.op_types() == open_graph(load_model(tmp_path / "legacy")).op_types()
+    rules.prepare()  # building the rules changes nothing; preparing them is the explicit step that edits
     assert rules.rewrites["relus_written_as_leaky"] == rewritten and rules.unsigned == unsigned
     assert rules.problem(projection.conv, 8, True) is None
     assert rules.problem(after_projection.conv, 8, True) == "onednn: " + RESIDUAL_CONV_REASON

@@ -59,7 +59,7 @@ def apply_rules(
     results = []
     for item in planned:
         target = item.target
-        reason = item.keep_float or rules.problem(target.op, weight_bits, item.per_channel)
+        reason = item.keep_float or target.float_reason or rules.problem(target.op, weight_bits, item.per_channel)
         callers = item.keep_float is not None
         conv = None if target.for_conv is None else target.for_conv.key
         if reason is None and conv in float_ops:

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..optable import FC, kind_of
 from . import host
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ class OpTarget:
     # the conv this op is quantized for (a runtime fuses the op into it): quantized only with it
     for_conv: OpRef | None = None
     runs_float: bool = False  # only its input is quantized (for the op writing it); the runtime runs it float
+    float_reason: str | None = None  # a data rule of the target keeps it float (planned, reported like any rule)
 
 
 def find_targets(graph: Graph, op_types: Iterable[str], skip_patterns: Iterable[str] = ()) -> list[OpTarget]:
@@ -79,6 +81,30 @@ def int8_joins(graph: Graph, skip_patterns: Iterable[str] = ()) -> list[OpTarget
     return [t for t in joins if t.op.key in kept]
 
 
+#: Why a residual join asked for by op type (``elementwise_add`` listed, ``is_full_quantize``) stays float.
+FLOAT_JOIN_REASON = ("a residual join read by a normalization (LayerNorm, softmax) or only by such joins: "
+                     "one per-tensor grid erases what it adds (see qcore.deploy.base.int8_joins)")
+#: Why a softmax reading such a join (attention scores plus mask and position bias) stays float.
+MASKED_SOFTMAX_REASON = ("reads attention scores plus a mask (-10000): one per-tensor grid over both erases the "
+                         "scores (a tiny encoder's output error 0.37 with it)")
+
+
+def float_joins(graph: Graph, targets: Iterable[OpTarget], skip_patterns: Iterable[str] = ()) -> dict[Any, str]:
+    """The ``targets`` (by key) that every runtime keeps float with a residual join, and why: the joins
+    :func:`int8_joins` leaves float, and the softmaxes reading them."""
+    keys = {t.op.key for t in targets}
+    if not any((t.op.seed_type or t.op.type) in ("elementwise_add", "softmax") for t in targets):
+        return {}
+    joins = residual_joins(graph, skip_patterns)
+    kept = {t.op.key for t in int8_joins(graph, skip_patterns)}
+    left = [t for t in joins if t.op.key not in kept]
+    reasons = {t.op.key: FLOAT_JOIN_REASON for t in left if t.op.key in keys}
+    for readers in graph.readers([t.op for t in left]).values():
+        reasons.update((r.op.key, MASKED_SOFTMAX_REASON) for r in readers
+                       if r.op.key in keys and r.op.type.split(".")[-1] == "softmax")
+    return reasons
+
+
 #: Legacy op attribute recording which backend a model was quantized for (on its first op after the feeds).
 MARK_ATTR = "qcore_deploy_backend"
 
@@ -108,6 +134,10 @@ class ModelRules:
         self.graph = graph
         self.unsigned: set[str] = set()  # activations the runtime quantizes as unsigned
         self.rewrites: dict[str, list[str]] = {}  # what the rules changed in the graph, for the report
+
+    def prepare(self) -> None:
+        """The graph edits the runtime needs before anything is quantized (none by default); the first step of
+        :meth:`qcore.deploy.Deployment.rewrite`, recorded in :attr:`rewrites`."""
 
     def thresholds(self, chosen: Mapping[str, float]) -> dict[str, float]:
         """The threshold the runtime runs each activation with, given ours."""
@@ -161,6 +191,9 @@ class DeployTarget(ABC):
     activation_zero_points: ClassVar[bool] = False
     #: runs int8 dot products on an x86 CPU, where without VNNI they saturate (:mod:`qcore.deploy.host`)
     cpu_int8: ClassVar[bool] = False
+    #: why the runtime keeps a matmul of two activations (attention's ``Q K^T`` and ``scores V``) float even when
+    #: its op type is asked for (``matmul`` listed, ``is_full_quantize``), or None: it runs them int8
+    activation_matmuls: ClassVar[str | None] = None
 
     def __init__(self, overflow_fix: bool | None = None) -> None:
         #: keep 8-bit weight codes within +-64 (True), use the full range (False), or ask the host (None)
@@ -177,6 +210,12 @@ class DeployTarget(ABC):
             return None
         fix = host.overflow_fix_default() if self.overflow_fix is None else self.overflow_fix
         return host.SATURATION_FREE_CODE if fix else None
+
+    def activation_matmul_problem(self, target: OpTarget) -> str | None:
+        """The data rule for a matmul of two activations: why ``target`` stays float, or None (any other op)."""
+        if self.activation_matmuls is None or target.weight is not None or kind_of(target.op.seed_type) is not FC:
+            return None
+        return f"{self.name}: {self.activation_matmuls}"
 
     def op_problem(self, op: OpRef, family: str) -> str | None:
         """The data rule: why ``op`` stays float on this target, or None."""

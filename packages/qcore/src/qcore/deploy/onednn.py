@@ -438,8 +438,8 @@ class OneDnnScales(ModelRules):
 class OneDnnRules(OneDnnScales):
     """The oneDNN int8 rules for one graph about to be quantized, worked out once.
 
-    Creating it writes relus signed where residual convs need it (:func:`align_residual_signs`).
-    It then knows which activations run unsigned, which residual convs run float given the
+    :meth:`prepare` writes relus signed where residual convs need it (:func:`align_residual_signs`);
+    then the rules know which activations run unsigned, which residual convs run float given the
     activations to be quantized (:func:`float_residual_convs`), and whose readers stay float
     (``float_inputs``: what global average pools take their scale from). Empty rules for PIR.
     """
@@ -447,10 +447,14 @@ class OneDnnRules(OneDnnScales):
     def __init__(self, target: OneDnnTarget, graph: Graph, quantized_inputs: Iterable[str],
                  float_inputs: Iterable[str] = ()) -> None:
         super().__init__(target, graph)
-        self.rewrites["relus_written_as_leaky"] = align_residual_signs(graph)
-        self.unsigned = unsigned_activations(graph)
-        self.float_convs = float_residual_convs(graph, quantized_inputs)
+        self.quantized_inputs = list(quantized_inputs)
         self.float_inputs = set(float_inputs)
+        self.float_convs: list[OpRef] = []
+
+    def prepare(self) -> None:
+        self.rewrites["relus_written_as_leaky"] = align_residual_signs(self.graph)
+        self.unsigned = unsigned_activations(self.graph)
+        self.float_convs = float_residual_convs(self.graph, self.quantized_inputs)
 
     def problem(self, op: OpRef, bits: int, per_channel: bool) -> str | None:
         reason = int8_problem(self.graph, op, bits, per_channel, self.float_inputs, self.float_convs)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from .base import ModelRules, OpTarget
 from .onnx_runtimes import ONNX_INT8_OPS, TRANSPOSED_CONV_PROBLEM, OnnxPredictor, OnnxTarget
-from .openvino import OpenVinoRules
+from .openvino import OPENVINO_ATTENTION, OpenVinoRules
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -52,6 +52,7 @@ class OpenVinoRuntimeTarget(OnnxTarget):
     # multiply, as for the bundled engine); PIR ones go through the export, which cannot place their QDQ
     int8_ops = ONNX_INT8_OPS | {"conv2d_transpose"}
     float_ops = {}
+    activation_matmuls = OPENVINO_ATTENTION
     float_dequant_weights = frozenset({"conv2d_transpose"})
 
     def op_problem(self, op: OpRef, family: str) -> str | None:

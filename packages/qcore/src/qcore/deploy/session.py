@@ -20,7 +20,7 @@ from ..errors import ConfigError
 from ..quant import asymmetric_range, unsigned_range
 from . import host
 from .apply import Applied, Planned, apply_rules
-from .base import DeployTarget, ModelRules, OpTarget, find_targets, mark_model
+from .base import DeployTarget, ModelRules, OpTarget, find_targets, float_joins, mark_model
 from .registry import get_target
 
 if TYPE_CHECKING:
@@ -146,7 +146,13 @@ class Deployment:
         self, graph: Graph, ops: list[OpTarget], skip_patterns: Iterable[str] = (), *, residual_add: bool = True,
         calibrated: bool = True,
     ) -> Targets:
-        """``ops`` (found by the caller, e.g. matched to QAT layers) plus what the runtime quantizes with them."""
+        """``ops`` (found by the caller, e.g. matched to QAT layers) plus what the runtime quantizes with them; the
+        ops every runtime's data rules keep float carry their reason (:attr:`OpTarget.float_reason`): residual
+        joins read by a normalization and softmaxes reading them, and matmuls of two activations where the
+        runtime says so."""
+        joins = float_joins(graph, ops, skip_patterns)
+        for op in ops:
+            op.float_reason = joins.get(op.op.key) or self.target.activation_matmul_problem(op)
         extra, float_inputs = self.target.plan(graph, ops, skip_patterns, residual_add=residual_add,
                                                calibrated=calibrated)
         return Targets(ops + extra, float_inputs)
@@ -190,11 +196,13 @@ class Deployment:
         chosen: Mapping[str, float],
         plan: Callable[[Mapping[str, float]], Sequence[Planned]],
     ) -> Rewritten:
-        """Put ``targets`` in the form the runtime runs: its rules for this graph turn the ``chosen``
+        """Put ``targets`` in the form the runtime runs: its rules for this graph prepare it (e.g. oneDNN's
+        relus written as leaky where residual convs need signed inputs), turn the ``chosen``
         activation thresholds into the ones it runs, ``plan`` builds each op's :class:`Planned` from those,
         the rules apply (ops they keep float are reported, not quantized) and finish the graph; a model
         made for an asked-for backend is marked with it."""
         rules: ModelRules = self.target.rules(graph, targets.ops, targets.float_inputs)
+        rules.prepare()
         thresholds = rules.thresholds(chosen)
         applied = apply_rules(graph, rules, plan(thresholds), weight_bits=self.weight_bits,
                               activation_bits=self.activation_bits)

@@ -1,4 +1,5 @@
-"""The accuracy budget on a transformer encoder: ``algo="auto"`` (with smoothing) plus ``max_output_error``."""
+"""PTQ of a transformer encoder layer: the attention-matmul rule of each target, and the accuracy budget with
+``algo="auto"`` (smoothing) plus ``max_output_error``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import paddle
 import pytest
 
 from qcore.model_io import load_model
-from qptq import quant_post_static
+from qptq import PostTrainingQuantization, quant_post_static
 from qptq.budget import output_error
 
 DIM, HEADS, TOKENS = 32, 4, 12
@@ -90,3 +91,40 @@ def test_the_budget_keeps_the_most_sensitive_encoder_layers_float_until_the_outp
     assert within <= limit < all_int8
     chosen = next(c for c in budget["candidates"] if c["float_layers"] == budget["float_layers"])
     assert chosen["score"] == pytest.approx(within, rel=1e-3)  # the saved model is the candidate measured
+
+
+@pytest.mark.parametrize(("backend", "attention_float"), [("openvino-runtime", True), ("onnxruntime", False)])
+def test_attention_matmuls_follow_the_targets_rule_when_matmul_is_asked_for(encoder, backend, attention_float):
+    directory, batches = encoder
+    ptq = PostTrainingQuantization(model_dir=directory, batch_generator=lambda: iter(batches), algo="hist",
+                                   quantizable_op_type=["mul", "matmul"], deploy_backend=backend)
+    ptq.quantize()
+    linear = [layer for layer in ptq.report["layers"] if "weight" in layer]
+    attention = [layer for layer in ptq.report["layers"] if "weight" not in layer]
+    assert len(linear) == 6 and len(attention) == 2  # q, k, v, o, up, down; Q K^T and scores V
+    if attention_float:  # OpenVINO's fused attention runs faster without QDQ inside it
+        assert all(layer["left_float"].startswith(f"{backend}: its CPU plugin runs attention") for layer in attention)
+    else:  # ONNX Runtime runs both operands int8
+        assert all("left_float" not in layer and len(layer["inputs"]) == 2 for layer in attention)
+
+
+def _simulated_error(directory, batches, **options) -> float:
+    ptq = PostTrainingQuantization(model_dir=directory, batch_generator=lambda: iter(batches), algo="hist",
+                                   **options)
+    ptq.quantize()
+    float_model = load_model(directory)
+    return output_error([ptq.graph.run(b)[0] for b in batches], [float_model.run(b)[0] for b in batches])
+
+
+@pytest.mark.parametrize("backend", ["openvino-runtime", None])
+def test_is_full_quantize_keeps_joins_read_by_a_normalization_float(encoder, backend):
+    directory, batches = encoder
+    ptq = PostTrainingQuantization(model_dir=directory, batch_generator=lambda: iter(batches), algo="hist",
+                                   is_full_quantize=True, deploy_backend=backend)
+    ptq.quantize()
+    joins = [layer for layer in ptq.report["layers"] if layer["op"] == "elementwise_add"
+             and layer.get("left_float", "").startswith("a residual join read by a normalization")]
+    assert len(joins) == 3  # scores + mask (softmax), x + attention and h + FFN (LayerNorm)
+    linear_only = _simulated_error(directory, batches, deploy_backend=backend, quantizable_op_type=["mul"])
+    full = _simulated_error(directory, batches, deploy_backend=backend, is_full_quantize=True)
+    assert full < 1.5 * linear_only  # the bias adds, pools and other ops it adds cost little more
