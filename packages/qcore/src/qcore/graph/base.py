@@ -8,9 +8,10 @@ parameters in the scope stay intact and a :meth:`Graph.clone` taken earlier keep
 
 from __future__ import annotations
 
+import contextlib
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -310,9 +311,24 @@ class Graph(ABC):
     def retype(self, op: OpRef, op_type: str) -> None:
         """Make ``op`` an op of backend type ``op_type`` with the same inputs, outputs and attributes."""
 
-    @abstractmethod
-    def test_mode(self) -> AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def test_mode(self) -> Iterator[None]:
         """For the body, ops that carry ``is_test`` run in test mode; their own values come back afterwards."""
+        changed = self._training_ops()
+        for raw in changed:
+            self._set_is_test(raw, True)
+        try:
+            yield
+        finally:
+            for raw in changed:
+                self._set_is_test(raw, False)
+
+    @abstractmethod
+    def _training_ops(self) -> list[Any]:
+        """The backend ops whose ``is_test`` attribute is false."""
+
+    @abstractmethod
+    def _set_is_test(self, raw: Any, value: bool) -> None: ...
 
     @abstractmethod
     def bypass(self, op: OpRef, slot: str) -> None:

@@ -9,8 +9,6 @@ asymmetric grids of runtimes that read them (:mod:`qcore.zero_points`).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -102,16 +100,11 @@ class LegacyGraph(Graph):
     def retype(self, op: OpRef, op_type: str) -> None:
         op.raw.desc.set_type(op_type)
 
-    @contextlib.contextmanager
-    def test_mode(self) -> Iterator[None]:
-        changed = [raw for raw in self.block.ops if raw.has_attr("is_test") and not raw.attr("is_test")]
-        for raw in changed:
-            raw._set_attr("is_test", True)
-        try:
-            yield
-        finally:
-            for raw in changed:
-                raw._set_attr("is_test", False)
+    def _training_ops(self) -> list[Any]:
+        return [raw for raw in self.block.ops if raw.has_attr("is_test") and not raw.attr("is_test")]
+
+    def _set_is_test(self, raw: Any, value: bool) -> None:
+        raw._set_attr("is_test", value)
 
     def bypass(self, op: OpRef, slot: str) -> None:
         source, out = op.raw.input(slot)[0], self.output(op)

@@ -159,16 +159,11 @@ class PirGraph(Graph):
     def retype(self, op: OpRef, op_type: str) -> None:
         raise GraphError(f"{op!r}: a PIR op's type is fixed when it is built; build a {op_type} op instead")
 
-    @contextlib.contextmanager
-    def test_mode(self) -> Iterator[None]:
-        changed = [raw for raw in self.block.ops if raw.attrs().get("is_test") is False]
-        for raw in changed:
-            raw.set_bool_attr("is_test", True)
-        try:
-            yield
-        finally:
-            for raw in changed:
-                raw.set_bool_attr("is_test", False)
+    def _training_ops(self) -> list[Any]:
+        return [raw for raw in self.block.ops if raw.attrs().get("is_test") is False]
+
+    def _set_is_test(self, raw: Any, value: bool) -> None:
+        raw.set_bool_attr("is_test", value)
 
     def bypass(self, op: OpRef, slot: str) -> None:
         op.raw.result(0).replace_all_uses_with(op.raw.operand_source(self._input_names(op.raw).index(slot)))
