@@ -195,10 +195,10 @@ def run_model(model: dict, work: Path) -> tuple[list[str], list[str]]:
     except ExportError as error:
         notes.append(f"{model['label']}: no float ONNX ({error}); ONNX Runtime and its quantizers not run")
 
-    def ours(runtime: str) -> Path:
-        out = work / f"{tag}.ours.{runtime}"
+    def ours(runtime: str, algo: str | None = None) -> Path:
+        out = work / f"{tag}.ours.{runtime}.{algo or model['algo']}"
         quant_post_static(None, source.directory, out, batch_generator=lambda: iter(split(calib)),
-                          algo=model["algo"], optimize_model=True, deploy_backend=runtime,
+                          algo=algo or model["algo"], optimize_model=True, deploy_backend=runtime,
                           quantizable_op_type=model["ops"], save_model_filename=None, save_params_filename=None,
                           **model.get("options", {}))
         return out / ONNX_FILE if (out / ONNX_FILE).exists() else out
@@ -212,6 +212,8 @@ def run_model(model: dict, work: Path) -> tuple[list[str], list[str]]:
     for runtime in RUNTIMES:
         if runtime != "onnxruntime" or "float" in files:
             timed(f"ours for {runtime}", lambda runtime=runtime: ours(runtime))
+    if model["algo"] == "auto":  # what auto costs and gains over hist, on one runtime, in the same run
+        timed("ours for openvino-runtime, hist", lambda: ours("openvino-runtime", "hist"))
     if "float" in files:
         timed("ORT MinMax", lambda: ort_minmax(files["float"], work / f"{tag}.ort.onnx", calib))
     if model.get("transformer") and "float" in files:
@@ -231,7 +233,7 @@ def run_model(model: dict, work: Path) -> tuple[list[str], list[str]]:
             predictors["float f32"] = OV.load(source.model_file if source.family == "legacy" else files["float"], 2,
                                               precision="f32")
         for label, path in files.items():
-            if label == "float" or (label.startswith("ours for") and not label.endswith(runtime)):
+            if label == "float" or (label.startswith("ours for") and runtime not in label):
                 continue
             if label == "NNCF":
                 if runtime == "openvino-runtime":
