@@ -46,9 +46,9 @@ class ModelConfig:
     """The float model (a directory or path prefix, optional file names) and the caller's executor."""
 
     model_dir: str | os.PathLike[str]
-    model_filename: str | None = None
-    params_filename: str | None = None
-    executor: Any = None  # runs the model when given (PaddleSlim's habit); else each model has its own
+    model_filename: str | None
+    params_filename: str | None
+    executor: Any  # runs the model when given (PaddleSlim's habit); else each model has its own
 
     def __post_init__(self) -> None:
         if self.model_dir is None:
@@ -66,11 +66,11 @@ class ModelConfig:
 class DataConfig:
     """The calibration data: one of three sources (PaddleSlim's), and how many batches of what size."""
 
-    sample_generator: Callable[[], Iterable[Any]] | None = None
-    batch_generator: Callable[[], Iterable[Any]] | None = None
-    data_loader: Iterable[Any] | None = None
-    batch_size: int = 10
-    batch_nums: int | None = None
+    sample_generator: Callable[[], Iterable[Any]] | None
+    batch_generator: Callable[[], Iterable[Any]] | None
+    data_loader: Iterable[Any] | None
+    batch_size: int
+    batch_nums: int | None
 
     def __post_init__(self) -> None:
         check_batch_arguments((self.sample_generator, self.batch_generator, self.data_loader), self.batch_size,
@@ -91,11 +91,11 @@ class TargetConfig:
 
     deployment: Deployment
     op_types: tuple[str, ...]  # is_full_quantize's op set or quantizable_op_type
-    skip_patterns: tuple[str, ...] = ("skip_quant",)
-    skip_tensors: frozenset[str] = frozenset()
-    residual_add: bool = True  # quantize residual joins' inputs with their readers (oneDNN's fused adds)
-    optimize_model: bool = False  # fold batch norms into convolutions first
-    grids: str = "symmetric"  # "symmetric", "asymmetric" or "unsigned" (asymmetric for never-negative tensors)
+    skip_patterns: tuple[str, ...]
+    skip_tensors: frozenset[str]
+    residual_add: bool  # quantize residual joins' inputs with their readers (oneDNN's fused adds)
+    optimize_model: bool  # fold batch norms into convolutions first
+    grids: str  # "symmetric", "asymmetric" or "unsigned" (asymmetric for never-negative tensors)
 
     @classmethod
     def build(
@@ -135,14 +135,14 @@ class TargetConfig:
 class CalibrationConfig:
     """How thresholds and weight codes are chosen, and how the calibration pass runs."""
 
-    algo: str = "KL"
-    hist_percent: float = 0.99999
-    per_channel: bool = True
-    round_type: str = "round"
-    bias_correction: bool = False
-    progress: bool = False
-    distributed: bool = True  # under paddle.distributed: merge every rank's calibration, rank 0 saves
-    cache_file: Path | None = None  # observer checkpoint when is_use_cache_file
+    algo: str
+    hist_percent: float
+    per_channel: bool
+    round_type: str
+    bias_correction: bool
+    progress: bool
+    distributed: bool  # under paddle.distributed: merge every rank's calibration, rank 0 saves
+    cache_file: Path | None  # observer checkpoint when is_use_cache_file
 
     @classmethod
     def build(
@@ -175,7 +175,7 @@ class PTQConfig:
     data: DataConfig
     target: TargetConfig
     calibration: CalibrationConfig
-    budget: Budget | None = None
+    budget: Budget | None
 
 
 def check_paddleslim_only(scope: Any, activation_quantize_type: str, onnx_format: bool | None, round_type: str,

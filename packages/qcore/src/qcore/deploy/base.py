@@ -65,6 +65,12 @@ def int8_joins(graph: Graph, skip_patterns: Iterable[str] = ()) -> list[OpTarget
     nor those read only by joins left float (an attention bias built from a position bias and a mask: one
     per-tensor grid over the mask's -10000 and the bias's few units erases the bias; measured on
     all-mpnet-base-v2: cosine 0.64 with nothing else quantized)."""
+    joins, _, kept = _judged_joins(graph, skip_patterns)
+    return [t for t in joins if t.op.key in kept]
+
+
+def _judged_joins(graph: Graph, skip_patterns: Iterable[str]) -> tuple[list[OpTarget], dict[Any, list[Any]], set[Any]]:
+    """Every residual join, the operands reading each (by key), and the keys of those :func:`int8_joins` keeps."""
     joins = residual_joins(graph, skip_patterns)
     readers = graph.readers([t.op for t in joins])
     kept = {t.op.key for t in joins
@@ -78,7 +84,7 @@ def int8_joins(graph: Graph, skip_patterns: Iterable[str] = ()) -> list[OpTarget
             if read_by and all(r in keys and r not in kept for r in read_by):
                 kept.discard(key)
                 changed = True
-    return [t for t in joins if t.op.key in kept]
+    return joins, readers, kept
 
 
 #: Why a residual join asked for by op type (``elementwise_add`` listed, ``is_full_quantize``) stays float.
@@ -92,15 +98,16 @@ MASKED_SOFTMAX_REASON = ("reads attention scores plus a mask (-10000): one per-t
 def float_joins(graph: Graph, targets: Iterable[OpTarget], skip_patterns: Iterable[str] = ()) -> dict[Any, str]:
     """The ``targets`` (by key) that every runtime keeps float with a residual join, and why: the joins
     :func:`int8_joins` leaves float, and the softmaxes reading them."""
-    keys = {t.op.key for t in targets}
+    targets = list(targets)
     if not any((t.op.seed_type or t.op.type) in ("elementwise_add", "softmax") for t in targets):
         return {}
-    joins = residual_joins(graph, skip_patterns)
-    kept = {t.op.key for t in int8_joins(graph, skip_patterns)}
-    left = [t for t in joins if t.op.key not in kept]
-    reasons = {t.op.key: FLOAT_JOIN_REASON for t in left if t.op.key in keys}
-    for readers in graph.readers([t.op for t in left]).values():
-        reasons.update((r.op.key, MASKED_SOFTMAX_REASON) for r in readers
+    keys = {t.op.key for t in targets}
+    joins, readers, kept = _judged_joins(graph, skip_patterns)
+    reasons = {}
+    for join in (t for t in joins if t.op.key not in kept):
+        if join.op.key in keys:
+            reasons[join.op.key] = FLOAT_JOIN_REASON
+        reasons.update((r.op.key, MASKED_SOFTMAX_REASON) for r in readers[join.op.key]
                        if r.op.key in keys and r.op.type.split(".")[-1] == "softmax")
     return reasons
 

@@ -121,6 +121,10 @@ class Unquantized:
     weights: list[StoredWeight]
 
 
+#: Paddle's ``round_type`` 0 (half to even), the rounding of :mod:`qcore.quant`, for the training fake-quant ops.
+ROUND_HALF_EVEN = 0
+
+
 class Graph(ABC):
     """One graph interface over PIR and legacy programs (see ``legacy.py`` and ``pir.py``)."""
 

@@ -19,13 +19,12 @@ from ..model_io import Model
 from ..optable import CONV_TYPES
 from ..quant import dequantize, qmax, scale_from_threshold
 from ..zero_points import fold_shifts, insert_shift
-from .base import ActivationGrid, Graph, LookupTables, Operand, OpRef, QuantizedWeight, StoredWeight
+from .base import ROUND_HALF_EVEN, ActivationGrid, Graph, LookupTables, Operand, OpRef, QuantizedWeight, StoredWeight
 
 _FLOATS = (core.VarDesc.VarType.FP32, core.VarDesc.VarType.FP64, core.VarDesc.VarType.FP16)
 _INT_DTYPES = {8: core.VarDesc.VarType.INT8, 16: core.VarDesc.VarType.INT16}
 _FAKE_ACT = "fake_quantize_dequantize_moving_average_abs_max"
 _FAKE_WEIGHT = {True: "fake_channel_wise_quantize_dequantize_abs_max", False: "fake_quantize_dequantize_abs_max"}
-_ROUND_HALF_EVEN = 0  # Paddle's round_type 0, what qcore.quant uses
 _BACKWARD = 0x0001  # op_role bit of gradient ops
 
 
@@ -126,14 +125,14 @@ class LegacyGraph(Graph):
             self._index(before.raw), type=_FAKE_ACT,
             inputs={"X": [x], "InScale": [scale], "InAccum": [accum], "InState": [flag]},
             outputs={"Out": [out], "OutScale": [scale], "OutAccum": [accum], "OutState": [flag]},
-            attrs={"moving_rate": moving_rate, "bit_length": bits, "is_test": test, "round_type": _ROUND_HALF_EVEN},
+            attrs={"moving_rate": moving_rate, "bit_length": bits, "is_test": test, "round_type": ROUND_HALF_EVEN},
         )
         return out
 
     def fake_quant_weight(self, before: OpRef, w: str, bits: int, axis: int | None) -> str:
         out = self._tmp_var(self._new_var_name(f"{w}.quant_dequant"), w)
         op_scale = self._tmp_var(self._new_var_name(f"{w}.quant_dequant@scale"), w)
-        attrs: dict[str, Any] = {"bit_length": bits, "round_type": _ROUND_HALF_EVEN}
+        attrs: dict[str, Any] = {"bit_length": bits, "round_type": ROUND_HALF_EVEN}
         if axis is not None:
             attrs["quant_axis"] = axis
         self.block._insert_op(self._index(before.raw), type=_FAKE_WEIGHT[axis is not None], inputs={"X": [w]},

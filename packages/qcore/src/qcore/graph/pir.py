@@ -26,12 +26,11 @@ from ..errors import GraphError
 from ..model_io import Model
 from ..optable import CONV_TYPES
 from ..quant import qmax, scale_from_threshold
-from .base import ActivationGrid, Graph, LookupTables, Operand, OpRef, QuantizedWeight, StoredWeight
+from .base import ROUND_HALF_EVEN, ActivationGrid, Graph, LookupTables, Operand, OpRef, QuantizedWeight, StoredWeight
 
 _PARAM_OP = "builtin.parameter"
 _ACT_QDQ = "pd_op.fake_quantize_dequantize_moving_average_abs_max"
 _FLOAT_DTYPES = (paddle.float32, paddle.float64, paddle.float16, paddle.bfloat16)
-_ROUND_HALF_EVEN = 0  # Paddle's round_type 0, what qcore.quant uses
 
 
 def _defining_op(value: Any) -> Any | None:
@@ -181,14 +180,14 @@ class PirGraph(Graph):
             accum, flag = self._state(f"{state}@accum", initial), self._state(f"{state}@state", 1.0 if initial else 0.0)
             if test:
                 return paddle._C_ops.fake_quantize_dequantize_moving_average_abs_max(
-                    x, scale, accum, flag, moving_rate, bits, True, _ROUND_HALF_EVEN
+                    x, scale, accum, flag, moving_rate, bits, True, ROUND_HALF_EVEN
                 )[0]
             if batch_abs_max:
-                out, batch_scale = paddle._C_ops.fake_quantize_dequantize_abs_max(x, bits, _ROUND_HALF_EVEN)
+                out, batch_scale = paddle._C_ops.fake_quantize_dequantize_abs_max(x, bits, ROUND_HALF_EVEN)
                 paddle._C_ops.assign_out_(batch_scale, scale)
                 return out
             out, _, new_flag, new_accum = paddle._C_ops.fake_quantize_dequantize_moving_average_abs_max_(
-                x, scale, accum, flag, moving_rate, bits, False, _ROUND_HALF_EVEN
+                x, scale, accum, flag, moving_rate, bits, False, ROUND_HALF_EVEN
             )
             paddle._C_ops.assign_out_(new_flag, flag)
             paddle._C_ops.assign_out_(new_accum, accum)
@@ -197,8 +196,8 @@ class PirGraph(Graph):
     def fake_quant_weight(self, before: OpRef, w: Any, bits: int, axis: int | None) -> Any:
         with self._inserting_before(before.raw):
             if axis is not None:
-                return paddle._C_ops.fake_channel_wise_quantize_dequantize_abs_max(w, bits, _ROUND_HALF_EVEN, axis)[0]
-            return paddle._C_ops.fake_quantize_dequantize_abs_max(w, bits, _ROUND_HALF_EVEN)[0]
+                return paddle._C_ops.fake_channel_wise_quantize_dequantize_abs_max(w, bits, ROUND_HALF_EVEN, axis)[0]
+            return paddle._C_ops.fake_quantize_dequantize_abs_max(w, bits, ROUND_HALF_EVEN)[0]
 
     def _state(self, name: str, value: float) -> Any:
         """A parameter of shape [1] the startup program sets to ``value`` (:attr:`startup`), never trained."""
