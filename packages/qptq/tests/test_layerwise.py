@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import paddle
 import pytest
 
 from qcore.graph import open_graph
-from qcore.graph.replay import LayerReplay, replayable
+from qcore.graph.replay import ARRAY_HANDLERS, LayerReplay, replayable
 from qcore.inference import predict
 from qcore.model_io import load_model
+from qcore.paddle_env import cpu_threads
 from qcore.quant import asymmetric_range, fake_quantize, qmax
 from qdemo.testing import save_tiny_net
 from qptq import quant_post_static
@@ -55,8 +58,23 @@ def test_eager_replay_gives_each_ops_own_output(tmp_path, fmt):
     fetched = graph.run({"x": x}, inputs + [graph.output(op) for op in ops])
     for op, xi, yi in zip(ops, fetched[: len(ops)], fetched[len(ops):]):
         w = paddle.to_tensor(graph.get_param(graph.weight_operand(op).name))
-        y = LayerReplay(graph, op)(paddle.to_tensor(xi), w).numpy()
+        replay = LayerReplay(graph, op)
+        y = replay(paddle.to_tensor(xi), w).numpy()
         np.testing.assert_allclose(y, yi, rtol=1e-4, atol=1e-5 * float(np.abs(yi).max()), err_msg=repr(op))
+        y_array = replay.array(xi, w.numpy())  # numpy's BLAS for the matmul kinds, Paddle's kernels otherwise
+        assert isinstance(y_array, np.ndarray) and y_array.dtype == np.float32
+        np.testing.assert_allclose(y_array, yi, rtol=1e-4, atol=1e-5 * float(np.abs(yi).max()), err_msg=repr(op))
+    assert sum(op.type in ARRAY_HANDLERS for op in ops) == (2 if fmt == "pir" else 1)
+
+
+def test_cpu_threads_uses_every_core_for_the_body_and_restores_paddles_default(monkeypatch):
+    calls = []
+    monkeypatch.setattr(paddle.base.core, "set_num_threads", calls.append)
+    default = paddle.get_flags(["FLAGS_paddle_num_threads"])["FLAGS_paddle_num_threads"]
+    with pytest.raises(RuntimeError), cpu_threads():
+        assert calls == [len(os.sched_getaffinity(0))]
+        raise RuntimeError("the body failed")
+    assert calls == [len(os.sched_getaffinity(0)), default]
 
 
 @pytest.mark.parametrize("asymmetric", [False, True])

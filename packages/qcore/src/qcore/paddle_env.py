@@ -55,6 +55,17 @@ def eager_mode() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def cpu_threads() -> Iterator[None]:
+    """Paddle's eager CPU kernels on every core this process may use for the body (Paddle's default is
+    ``FLAGS_paddle_num_threads``, 1; restored after): the layer-wise methods replay convolutions eagerly."""
+    paddle.base.core.set_num_threads(len(os.sched_getaffinity(0)))
+    try:
+        yield
+    finally:
+        paddle.base.core.set_num_threads(int(paddle.get_flags(["FLAGS_paddle_num_threads"])["FLAGS_paddle_num_threads"]))
+
+
+@contextlib.contextmanager
 def layer_mode(layer: paddle.nn.Layer, training: bool) -> Iterator[None]:
     """``layer`` in train or eval mode for the body; every sublayer's own mode restored after."""
     modes = [(sub, sub.training) for sub in layer.sublayers(include_self=True)]

@@ -23,7 +23,7 @@ from qcore.deploy import OpTarget
 from qcore.graph import Graph
 from qcore.graph.replay import LayerReplay, replayable
 from qcore.optable import FC, kind_of
-from qcore.paddle_env import eager_mode
+from qcore.paddle_env import cpu_threads, eager_mode
 from qcore.quant import qmax
 from qcore.thresholds import ALGOS
 
@@ -71,7 +71,7 @@ def choose_thresholds(
         for operand in target.activations:
             readers.setdefault(operand.name, []).append(target)
     choices = {}
-    with eager_mode(), paddle.no_grad():
+    with eager_mode(), cpu_threads(), paddle.no_grad():
         for name, algos in candidates.items():
             kept = samples.get(name)
             if not kept:
@@ -166,7 +166,6 @@ class ReplayedLayer:
         assert target.weight is not None
         self.replay = LayerReplay(graph, target.op)
         self.weight = graph.get_param(target.weight.name).astype(np.float32)
-        self._weight_tensor = paddle.to_tensor(self.weight)
 
     @property
     def weight_size(self) -> int:
@@ -175,5 +174,4 @@ class ReplayedLayer:
 
     def run(self, x: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
         """The layer's output for ``x``, with ``weight`` in place of its own when given."""
-        w = self._weight_tensor if weight is None else paddle.to_tensor(np.asarray(weight, np.float32))
-        return self.replay(paddle.to_tensor(x), w).numpy()
+        return self.replay.array(x, self.weight if weight is None else np.asarray(weight, np.float32))

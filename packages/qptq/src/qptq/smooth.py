@@ -29,7 +29,7 @@ from qcore.graph.replay import replayable
 from qcore.model_io import Model
 from qcore.observers import HistogramObserver
 from qcore.optable import FC, kind_of
-from qcore.paddle_env import eager_mode
+from qcore.paddle_env import cpu_threads, eager_mode
 from qcore.quant import fake_quantize
 from qcore.thresholds import search_threshold
 
@@ -90,7 +90,7 @@ def choose_smoothing(
 ) -> list[Smoothing]:
     """The smoothing of every activation in ``groups`` that has kept samples (see the module doc)."""
     choices = []
-    with eager_mode(), paddle.no_grad():
+    with eager_mode(), cpu_threads(), paddle.no_grad():
         for name, readers in groups.items():
             kept = samples.get(name)
             if not kept:
