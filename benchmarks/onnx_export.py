@@ -11,6 +11,8 @@ Per model and runtime, every variant's runs interleaved (median of REPEATS, 2 th
   export with the same calibration batches, on both runtimes;
 * NNCF: ``nncf.quantize`` (defaults) on the float model read by OpenVINO (legacy: its Paddle
   frontend; PIR: the float ONNX export), OpenVINO runtime only; where nncf installs.
+* transformers also: weight-only int8 (``quant_post_dynamic`` for each runtime, ONNX Runtime's
+  ``quantize_dynamic``, NNCF's ``compress_weights``), inputs quantized at run time by the runtime.
 
 Metric: PP-OCR models on rendered text lines (rec exact match, cls 0/180 accuracy, det text-pixel IoU
 with the float model's map), the random-weight vision models (no pretrained weights install here:
@@ -166,6 +168,17 @@ def nncf_quantize(source: Path, out: Path, calib: dict[str, np.ndarray], transfo
     return out
 
 
+def nncf_weights(source: Path, out: Path) -> Path | None:
+    """NNCF's weight-only int8 (``compress_weights``, its default INT8_ASYM per channel), OpenVINO only."""
+    try:
+        import nncf
+        import openvino as ov
+    except ImportError:
+        return None
+    ov.save_model(nncf.compress_weights(ov.Core().read_model(str(source))), str(out))
+    return out
+
+
 def split(feeds: dict[str, np.ndarray], size: int = 8) -> list[dict[str, np.ndarray]]:
     rows = len(next(iter(feeds.values())))
     return [{k: v[i:i + size] for k, v in feeds.items()} for i in range(0, rows, size)]
@@ -203,9 +216,9 @@ def run_model(model: dict, work: Path) -> tuple[list[str], list[str]]:
                           **model.get("options", {}))
         return out / ONNX_FILE if (out / ONNX_FILE).exists() else out
 
-    def ours_dynamic() -> Path:
-        out = work / f"{tag}.ours.dynamic"
-        quant_post_dynamic(str(source.directory), str(out), deploy_backend="onnxruntime",
+    def ours_dynamic(runtime: str) -> Path:
+        out = work / f"{tag}.ours.dynamic.{runtime}"
+        quant_post_dynamic(str(source.directory), str(out), deploy_backend=runtime,
                            quantizable_op_type=["mul"], save_model_filename=None, save_params_filename=None)
         return out / ONNX_FILE
 
@@ -217,8 +230,10 @@ def run_model(model: dict, work: Path) -> tuple[list[str], list[str]]:
     if "float" in files:
         timed("ORT MinMax", lambda: ort_minmax(files["float"], work / f"{tag}.ort.onnx", calib))
     if model.get("transformer") and "float" in files:
-        timed("ours dynamic", ours_dynamic)
+        for runtime in RUNTIMES:
+            timed(f"ours dynamic for {runtime}", lambda runtime=runtime: ours_dynamic(runtime))
         timed("ORT dynamic", lambda: ort_dynamic(files["float"], work / f"{tag}.ortdyn.onnx"))
+        timed("NNCF weights", lambda: nncf_weights(files["float"], work / f"{tag}.nncfw.xml"))
     nncf_source = source.model_file if source.family == "legacy" else files.get("float")
     if nncf_source is not None:
         timed("NNCF", lambda: nncf_quantize(nncf_source, work / f"{tag}.nncf.xml", calib,
@@ -233,9 +248,9 @@ def run_model(model: dict, work: Path) -> tuple[list[str], list[str]]:
             predictors["float f32"] = OV.load(source.model_file if source.family == "legacy" else files["float"], 2,
                                               precision="f32")
         for label, path in files.items():
-            if label == "float" or (label.startswith("ours for") and runtime not in label):
+            if label == "float" or (label.startswith("ours") and " for " in label and runtime not in label):
                 continue
-            if label == "NNCF":
+            if label.startswith("NNCF"):
                 if runtime == "openvino-runtime":
                     predictors[label] = OV.load(path, 2)
                 continue
@@ -332,7 +347,11 @@ def write_results(rows: list[str], notes: list[str]) -> None:
                    "matmul inputs where that lowers the layer output error, and its lookup tables int8 per row), "
                    "asymmetric activation grids "
                    "(activation_symmetric=False), optimize_model=True, convs and fcs; "
-                   "ours dynamic: quant_post_dynamic for onnxruntime (int8 weights, inputs quantized at run time)."]
+                   "ours dynamic for <runtime>: quant_post_dynamic(deploy_backend=<runtime>), int8 weights with inputs "
+                   "quantized at run time (ONNX Runtime: DynamicQuantizeLinear + MatMulInteger, per tensor; the "
+                   "OpenVINO runtime: its compressed-weight matmuls, inputs int8 in groups of "
+                   "DYNAMIC_QUANTIZATION_GROUP_SIZE input channels, set by qcore's predictor); NNCF weights: "
+                   "nncf.compress_weights (INT8_ASYM), run with the same OpenVINO settings."]
     RESULTS.write_text("\n".join(header + rows + metric_note + [""] + [f"- {n}" for n in notes]) + "\n")
     print(f"wrote {RESULTS}", flush=True)
 

@@ -13,7 +13,7 @@ import pytest
 from onnx import numpy_helper
 
 from qcore.deploy.onnx_runtimes import ONNX_FILE
-from qcore.errors import ExportError
+from qcore.errors import ConfigError, ExportError
 from qcore.export import export_onnx, onnx_bytes
 from qcore.graph import open_graph
 from qcore.inference import create_predictor, run_predictor
@@ -208,6 +208,34 @@ def test_dynamic_int8_matmuls_for_onnxruntime(float_model, tmp_path):
     simulated = load_model(files).run({"x": x})[0]  # weight-only: the input of the fc stays float here
     deployed = run_predictor(create_predictor(tmp_path / "dyn" / ONNX_FILE, backend="onnxruntime"), {"x": x})[0]
     assert 0 < _relative_l2(deployed, simulated) < 2e-2  # the run-time 8-bit input of the fc
+
+
+def test_weight_only_matmuls_run_with_int8_inputs_in_groups_on_the_openvino_runtime(tmp_path, monkeypatch):
+    from qcore.deploy.openvino_runtime import DYNAMIC_GROUP_ENV, TARGET
+    from qdemo.testing import save_tiny_net
+
+    paddle.seed(0)
+    net = paddle.nn.Sequential(paddle.nn.Linear(512, 64), paddle.nn.GELU(), paddle.nn.Linear(64, 32))
+    net.eval()
+    save_tiny_net(net, tmp_path / "float", "pir", [paddle.static.InputSpec([None, 512], "float32", "x")])
+    quant_post_dynamic(str(tmp_path / "float"), str(tmp_path / "dyn"), deploy_backend="openvino-runtime",
+                       quantizable_op_type=["mul"], save_model_filename=None, save_params_filename=None)
+    kinds = collections.Counter(n.op_type for n in onnx.load(str(tmp_path / "dyn" / ONNX_FILE)).graph.node)
+    assert kinds["DequantizeLinear"] == kinds["MatMul"] == 2 and kinds["DynamicQuantizeLinear"] == 0
+    assert TARGET.compile_config(2)["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == "256"
+    x = np.random.default_rng(0).standard_normal((16, 512)).astype("float32")
+    simulated = load_model(tmp_path / "dyn").run({"x": x})[0]  # int8 weights, float inputs
+    monkeypatch.setenv("QCORE_OPENVINO_PRECISION", "f32")
+    errors = {}
+    for group in ("0", "256"):
+        monkeypatch.setenv(DYNAMIC_GROUP_ENV, group)
+        predictor = create_predictor(tmp_path / "dyn" / ONNX_FILE, backend="openvino-runtime")
+        errors[group] = _relative_l2(run_predictor(predictor, {"x": x})[0], simulated)
+    # off: the float inputs of the simulation; 256: the 512-wide input quantized to int8 at run time, two groups
+    assert errors["0"] < 1e-4 and 1e-3 < errors["256"] < 2e-2
+    monkeypatch.setenv(DYNAMIC_GROUP_ENV, "all")
+    with pytest.raises(ConfigError, match="QCORE_OPENVINO_DQ_GROUP='all' is not valid"):
+        TARGET.compile_config(2)
 
 
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino-runtime"])
