@@ -14,7 +14,7 @@ from qptq import PostTrainingQuantization, quant_post_static
 from qptq.budget import output_error
 
 DIM, HEADS, TOKENS = 32, 4, 12
-SCORING_BATCHES = 4  # qptq.static.SCORING_BATCHES: the calibration batches the label-free budget scores on
+BUDGET_BATCHES = 4  # qptq.static.BUDGET_BATCHES: the calibration batches the label-free budget scores on
 
 
 class Encoder(paddle.nn.Layer):
@@ -74,7 +74,7 @@ def _error(directory, out, batches) -> float:
 def test_the_budget_keeps_the_most_sensitive_encoder_layers_float_until_the_output_error_is_within_it(
         encoder, tmp_path):
     directory, batches = encoder
-    scored = batches[:SCORING_BATCHES]
+    scored = batches[:BUDGET_BATCHES]
     _quantize(directory, batches, tmp_path / "int8")
     all_int8 = _error(directory, tmp_path / "int8", scored)
     limit = all_int8 / 3  # a budget all-int8 misses

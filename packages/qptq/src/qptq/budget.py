@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qcore.deploy import Deployment
 from qcore.errors import ConfigError, QuantError
 from qcore.graph import Graph
 from qcore.model_io import ModelFiles
 
 from .calibrate import Calibration, run_batches
 from .plan import Plan
-from .rewrite import rewritten_clone
+from .rewrite import quantize_graph
 
 if TYPE_CHECKING:
     from .config import TargetConfig
@@ -176,13 +177,17 @@ def search(graph: Graph, plan: Plan, calibration: Calibration, budget: Budget, *
     each, and the report section. Candidates are clones of ``graph`` rewritten as the plan says (with those
     layers float), scored on ``batches`` (label-free) or by ``budget.eval_function`` on their saved files."""
     start = time.perf_counter()
+    deployment: Deployment = target.deployment
     reference = run_batches(graph, batches)
     ops = plan.targets.ops
     layers = [i for i, t in enumerate(ops) if t.weight is not None and t.for_conv is None]
 
     def candidate(float_layers: Iterable[int]) -> Graph:
-        return rewritten_clone(graph, plan, target, calibration, per_channel=per_channel,
-                               keep_float={i: "accuracy budget: candidate" for i in float_layers})
+        clone = graph.clone()
+        keep = {i: "accuracy budget: candidate" for i in float_layers}
+        quantize_graph(clone, target.targets(clone), plan, deployment, calibration, per_channel=per_channel,
+                       keep_float=keep)
+        return clone
 
     alone = {i: output_error(run_batches(candidate(set(layers) - {i}), batches), reference) for i in layers}
     order = sorted(layers, key=lambda i: (-alone[i], i))

@@ -5,9 +5,7 @@ The stages of :class:`~qptq.static.PostTrainingQuantization`, each a plain funct
 1. graph preparation (``optimize_model``'s batch-norm folding; ``auto``'s activation smoothing,
    :func:`qptq.smooth.smooth_graph`) and the targets (:meth:`qptq.config.TargetConfig.targets`);
 2. calibration (:func:`qptq.sharded.calibrate_sharded`);
-3. :func:`choose`: every algo's threshold per activation, ``auto``'s choices -> a :class:`Plan`; for ``auto``,
-   its choices against single algos by the model output (:func:`qptq.auto_check.check_auto`)
-   -> :attr:`Plan.applied_algo`;
+3. :func:`choose`: every algo's threshold per activation, ``auto``'s choices -> a :class:`Plan`;
 4. AdaRound's weights (:func:`qptq.adaround.adaround_targets`) -> :attr:`Plan.rounded`;
 5. the accuracy budget's search (:func:`qptq.budget.search`) -> :attr:`Plan.keep_float`;
 6. the rewrite and bias correction (:mod:`qptq.rewrite`), on the graph and on every budget candidate;
@@ -18,16 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from qcore.deploy import Deployment, Targets
 from qcore.graph import Graph
 from qcore.thresholds import thresholds_all_algos
 
 from .adaround import AdaRounded
-
-if TYPE_CHECKING:
-    from .auto_check import ModelCheck
 from .auto import AUTO, AutoChoice, choose_thresholds
 from .calibrate import Calibration
 from .smooth import Smoothing
@@ -38,7 +32,7 @@ class Plan:
     """The targets, every candidate threshold, and what the stages chose; enough to rewrite any clone."""
 
     targets: Targets
-    algo: str  # the run's algo
+    algo: str  # the run's algo: the key of :attr:`candidates` the rewrite takes
     grids: str  # the run's activation grids ("symmetric", "asymmetric", "unsigned")
     candidates: dict[str, dict[str, float]]  # activation -> algo -> threshold
     ranges: dict[str, tuple[float, float]]  # activation -> (min, max) seen during calibration
@@ -46,25 +40,17 @@ class Plan:
     smoothing: list[Smoothing] = field(default_factory=list)
     rounded: dict[int, AdaRounded] = field(default_factory=dict)  # AdaRound's weights, by position in targets
     keep_float: dict[int, str] = field(default_factory=dict)  # layers left float, by position, with the reason
-    #: the key of :attr:`candidates` the rewrite takes when not :attr:`algo` (``auto``'s model check chose another)
-    applied_algo: str | None = None
-    model_check: ModelCheck | None = None
-
-    @property
-    def key(self) -> str:
-        """The algo whose thresholds the rewrite takes."""
-        return self.applied_algo or self.algo
 
     def chosen(self) -> dict[str, float]:
-        """The threshold of :attr:`key` for every activation."""
-        return {name: algos[self.key] for name, algos in self.candidates.items()}
+        """The threshold of :attr:`algo` for every activation."""
+        return {name: algos[self.algo] for name, algos in self.candidates.items()}
 
     def grid(self, deployment: Deployment, name: str, threshold: float, grids: str | None = None
              ) -> tuple[float, float]:
         """The ``(threshold, offset)`` activation ``name`` deploys with (:meth:`Deployment.activation_grid`) on
         ``grids`` (default: ``auto``'s choice for it, else the run's); symmetric grids need no calibrated range
         (oneDNN's shared scales reach tensors not calibrated)."""
-        choice = self.auto.get(name) if self.key == AUTO else None
+        choice = self.auto.get(name)
         grids = grids or (choice.grid if choice is not None and choice.grid else self.grids)
         if grids == "symmetric":
             return threshold, 0.0

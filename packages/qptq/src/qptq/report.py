@@ -21,7 +21,7 @@ def run_report(plan: Plan, quantized: Quantized, calibration: Calibration, deplo
     """Per layer: its thresholds (and every algo's), grid, weight, bias shift, AdaRound's and ``auto``'s
     measurements, or why it stayed float; the run's algo, target and calibration size; one line when the
     target left most weighted layers float; the accuracy budget's search (:func:`qptq.budget.report`);
-    ``auto``'s model check (:mod:`qptq.auto_check`); the smoothing chosen."""
+    the smoothing chosen."""
     done = quantized.rewritten
     chosen = plan.chosen()
     layers = [_layer(plan, a, chosen, done.thresholds, quantized.grids, done.unsigned) for a in done.applied]
@@ -39,13 +39,6 @@ def run_report(plan: Plan, quantized: Quantized, calibration: Calibration, deplo
               **done.rewrites, **({"float_layers": float_summary} if float_summary else {})}
     if budget is not None:
         report["budget"] = budget
-    if plan.model_check is not None:
-        check = plan.model_check
-        report["auto_model_check"] = {"output_error": report_errors(check.output_errors), "chosen": check.chosen}
-        if check.chosen != plan.algo:
-            log.info("auto: %s's thresholds on every activation leave the model output nearer float than auto's "
-                     "per-layer choices (output error %.4g vs %.4g); saved %s's", check.chosen,
-                     check.output_errors[check.chosen], check.output_errors[plan.algo], check.chosen)
     if plan.smoothing:
         report["smoothing"] = {c.activation: {"alpha": c.alpha, "layer_output_error": report_errors(c.errors)}
                                for c in plan.smoothing}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from qcore.deploy import Deployment, OpTarget, Targets
 from qcore.deploy.apply import Planned
@@ -18,9 +17,6 @@ from qcore.graph import Graph
 from .bias_correction import correct_bias
 from .calibrate import Calibration
 from .plan import Plan
-
-if TYPE_CHECKING:
-    from .config import TargetConfig
 
 
 @dataclass
@@ -62,16 +58,6 @@ def quantize_graph(graph: Graph, targets: Targets, plan: Plan, deployment: Deplo
 
     rewritten = deployment.rewrite(graph, targets, plan.chosen(), planned)
     return Quantized(rewritten, grids, correct_biases(graph, rewritten, calibration))
-
-
-def rewritten_clone(graph: Graph, plan: Plan, target: TargetConfig, calibration: Calibration, *, per_channel: bool,
-                    keep_float: Mapping[int, str] | None = None) -> Graph:
-    """A clone of ``graph`` rewritten as ``plan`` says (:func:`quantize_graph`): a candidate the budget or ``auto``'s
-    model check scores, exactly the model that plan would save."""
-    clone = graph.clone()
-    quantize_graph(clone, target.targets(clone), plan, target.deployment, calibration, per_channel=per_channel,
-                   keep_float=keep_float)
-    return clone
 
 
 def correct_biases(graph: Graph, rewritten: Rewritten, calibration: Calibration) -> dict[int, float | None]:

@@ -23,7 +23,6 @@ from qcore.outputs import write_bytes
 from . import budget
 from .adaround import adaround_targets
 from .auto import AUTO
-from .auto_check import check_auto
 from .bias_correction import input_means
 from .budget import Budget, EvalFunction
 from .calibrate import Calibration
@@ -36,9 +35,8 @@ from .sharded import calibrate_sharded
 from .smooth import smooth_graph
 
 log = logging.getLogger(__name__)
-#: Calibration batches the accuracy budget scores candidates on (label-free) and ranks layers with, and ``auto``'s
-#: model check compares its choices with single algos on.
-SCORING_BATCHES = 4
+#: Calibration batches the accuracy budget scores candidates on (label-free) and ranks layers with.
+BUDGET_BATCHES = 4
 #: Calibration samples kept per activation for the layer-wise methods (``algo="auto"``, AdaRound).
 LAYERWISE_SAMPLES = 32
 DEFAULT_OP_TYPES = ("conv2d", "depthwise_conv2d", "mul")
@@ -154,16 +152,12 @@ class PostTrainingQuantization:
             plan.rounded = adaround_targets(graph, targets.ops, calibration.activation_samples, deployment,
                                             per_channel=how.per_channel)
         calibration.activation_samples.clear()
-        scoring = list(islice(config.data.batches(model), SCORING_BATCHES)) if how.algo == AUTO or config.budget else []
-        if how.algo == AUTO:
-            plan.model_check = check_auto(graph, plan, calibration, target=target, batches=scoring,
-                                          per_channel=how.per_channel)
-            plan.applied_algo = plan.model_check.chosen
         budget_report = None
         if config.budget is not None:
             assert model.source is not None
             plan.keep_float, budget_report = budget.search(
-                graph, plan, calibration, config.budget, target=target, batches=scoring, float_files=model.source,
+                graph, plan, calibration, config.budget, target=target,
+                batches=list(islice(config.data.batches(model), BUDGET_BATCHES)), float_files=model.source,
                 per_channel=how.per_channel)
         quantized = quantize_graph(graph, targets, plan, deployment, calibration,
                                    per_channel=how.per_channel)
