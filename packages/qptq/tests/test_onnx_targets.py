@@ -211,28 +211,38 @@ def test_dynamic_int8_matmuls_for_onnxruntime(float_model, tmp_path):
 
 
 def test_weight_only_matmuls_run_with_int8_inputs_in_groups_on_the_openvino_runtime(tmp_path, monkeypatch):
-    from qcore.deploy.openvino_runtime import DYNAMIC_GROUP_ENV, TARGET
+    import openvino as ov
+
+    from qcore.deploy.openvino_runtime import DYNAMIC_GROUP_ENV, TARGET, dynamic_group, matmul_widths
     from qdemo.testing import save_tiny_net
 
+    assert (dynamic_group([768, 3072]), dynamic_group([384, 1536]), dynamic_group([96]), dynamic_group([100])) == (
+        256, 128, 32, 32)
     paddle.seed(0)
-    net = paddle.nn.Sequential(paddle.nn.Linear(512, 64), paddle.nn.GELU(), paddle.nn.Linear(64, 32))
+    net = paddle.nn.Sequential(paddle.nn.Linear(512, 192), paddle.nn.GELU(), paddle.nn.Linear(192, 32))
     net.eval()
     save_tiny_net(net, tmp_path / "float", "pir", [paddle.static.InputSpec([None, 512], "float32", "x")])
     quant_post_dynamic(str(tmp_path / "float"), str(tmp_path / "dyn"), deploy_backend="openvino-runtime",
                        quantizable_op_type=["mul"], save_model_filename=None, save_params_filename=None)
-    kinds = collections.Counter(n.op_type for n in onnx.load(str(tmp_path / "dyn" / ONNX_FILE)).graph.node)
+    onnx_file = tmp_path / "dyn" / ONNX_FILE
+    kinds = collections.Counter(n.op_type for n in onnx.load(str(onnx_file)).graph.node)
     assert kinds["DequantizeLinear"] == kinds["MatMul"] == 2 and kinds["DynamicQuantizeLinear"] == 0
-    assert TARGET.compile_config(2)["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == "256"
+    widths = matmul_widths(ov.Core().read_model(str(onnx_file)))
+    assert sorted(widths) == [192, 512]
+    assert TARGET.compile_config(2, widths=widths)["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == "64"
     x = np.random.default_rng(0).standard_normal((16, 512)).astype("float32")
     simulated = load_model(tmp_path / "dyn").run({"x": x})[0]  # int8 weights, float inputs
     monkeypatch.setenv("QCORE_OPENVINO_PRECISION", "f32")
     errors = {}
-    for group in ("0", "256"):
-        monkeypatch.setenv(DYNAMIC_GROUP_ENV, group)
-        predictor = create_predictor(tmp_path / "dyn" / ONNX_FILE, backend="openvino-runtime")
+    for group in ("0", None):  # None: the predictor's choice for this model's widths (64)
+        if group is None:
+            monkeypatch.delenv(DYNAMIC_GROUP_ENV, raising=False)
+        else:
+            monkeypatch.setenv(DYNAMIC_GROUP_ENV, group)
+        predictor = create_predictor(onnx_file, backend="openvino-runtime")
         errors[group] = _relative_l2(run_predictor(predictor, {"x": x})[0], simulated)
-    # off: the float inputs of the simulation; 256: the 512-wide input quantized to int8 at run time, two groups
-    assert errors["0"] < 1e-4 and 1e-3 < errors["256"] < 2e-2
+    # off: the float inputs of the simulation; on: both inputs quantized to int8 at run time, in groups of 64
+    assert errors["0"] < 1e-4 and 1e-3 < errors[None] < 2e-2
     monkeypatch.setenv(DYNAMIC_GROUP_ENV, "all")
     with pytest.raises(ConfigError, match="QCORE_OPENVINO_DQ_GROUP='all' is not valid"):
         TARGET.compile_config(2)

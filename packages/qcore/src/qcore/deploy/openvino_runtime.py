@@ -23,14 +23,17 @@ Facts (OpenVINO 2026.4, measured here where the text says so):
   its input to int8 at run time in groups of ``DYNAMIC_QUANTIZATION_GROUP_SIZE`` input channels (default
   32). all-mpnet-base-v2 at batch 8 x 128 tokens, against its bf16 float (one interleaved run): group 0
   (off) 0.97x, 32 1.24x, 128 1.48x, 256 1.69x; sentence cosine to float 0.9994 / 0.9992 / 0.9989 /
-  0.9985 mean (an NNCF-compressed copy at group 768: 1.65x but 0.9961). Predictors use
-  :data:`DYNAMIC_GROUP` (``QCORE_OPENVINO_DQ_GROUP`` chooses); the static QDQ models' int8 matmuls do not
-  take this path.
+  0.9985 mean (an NNCF-compressed copy at group 768: 1.65x but 0.9961). A group that does not divide the
+  input widths is slow: all-MiniLM-L6-v2 (widths 384 and 1536) at 256 1.10x, at 128
+  1.38x (cosine 0.9989). Predictors take the largest of :data:`DYNAMIC_GROUPS` dividing every matmul's
+  input width (:func:`dynamic_group`; ``QCORE_OPENVINO_DQ_GROUP`` overrides); the static QDQ models' int8
+  matmuls do not take this path.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,15 +43,35 @@ from .onnx_runtimes import ONNX_INT8_OPS, TRANSPOSED_CONV_PROBLEM, OnnxPredictor
 from .openvino import OPENVINO_ATTENTION, OpenVinoRules
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
 
     from ..graph import Graph, OpRef
 
 #: Set to f32 or bf16 to choose OpenVINO's inference precision (unset: the runtime's default for this CPU).
 PRECISION_ENV = "QCORE_OPENVINO_PRECISION"
-#: Input channels per run-time int8 group of a compressed-weight matmul (see the module doc); 0 turns it off.
-DYNAMIC_GROUP = 256
+#: Input channels per run-time int8 group of a compressed-weight matmul, largest (fastest) first (module doc).
+DYNAMIC_GROUPS = (256, 128, 64, 32)
+#: Set to an int to choose the group for every model (0 turns run-time int8 inputs off).
 DYNAMIC_GROUP_ENV = "QCORE_OPENVINO_DQ_GROUP"
+
+
+def dynamic_group(widths: Iterable[int]) -> int:
+    """The largest of :data:`DYNAMIC_GROUPS` dividing every width in ``widths`` (the smallest when none does)."""
+    found = set(widths)
+    return next((g for g in DYNAMIC_GROUPS if all(w % g == 0 for w in found)), DYNAMIC_GROUPS[-1])
+
+
+def matmul_widths(model: Any) -> list[int]:
+    """The input width of every ``MatMul`` of an ``openvino.Model`` whose second operand has a static 2-D shape
+    (a weight)."""
+    widths = []
+    for op in model.get_ordered_ops():
+        if op.get_type_name() != "MatMul":
+            continue
+        shape = op.input(1).get_partial_shape()
+        if shape.is_static and len(shape) == 2:
+            dims = shape.to_shape()
+            widths.append(int(dims[1] if op.get_transpose_b() else dims[0]))
+    return widths
 
 
 class OpenVinoRuntimeTarget(OnnxTarget):
@@ -75,10 +98,11 @@ class OpenVinoRuntimeTarget(OnnxTarget):
     def rules(self, graph: Graph, targets: list[OpTarget], float_inputs: Iterable[str] = ()) -> ModelRules:
         return OpenVinoRules(self, graph)
 
-    def compile_config(self, threads: int, precision: str | None = None) -> dict[str, Any]:
+    def compile_config(self, threads: int, precision: str | None = None, widths: Iterable[int] = ()
+                       ) -> dict[str, Any]:
         """The CPU plugin's settings a predictor compiles with (``precision``: f32 / bf16, default the
-        environment's or the runtime's)."""
-        group = os.environ.get(DYNAMIC_GROUP_ENV, str(DYNAMIC_GROUP))
+        environment's or the runtime's; ``widths``: the model's matmul input widths, :func:`dynamic_group`)."""
+        group = os.environ.get(DYNAMIC_GROUP_ENV, str(dynamic_group(widths)))
         if not group.isdigit():
             raise ConfigError(f"{DYNAMIC_GROUP_ENV}={group!r} is not valid; valid choices: an int >= 0 "
                               "(input channels per run-time int8 group; 0 turns it off)")
@@ -93,8 +117,8 @@ class OpenVinoRuntimeTarget(OnnxTarget):
         import openvino as ov
 
         core = ov.Core()
-        config = self.compile_config(threads, precision)
-        compiled = core.compile_model(core.read_model(str(model_file)), "CPU", config)
+        model = core.read_model(str(model_file))
+        compiled = core.compile_model(model, "CPU", self.compile_config(threads, precision, matmul_widths(model)))
         request = compiled.create_infer_request()
         outputs = list(compiled.outputs)
 
@@ -109,7 +133,7 @@ class OpenVinoRuntimeTarget(OnnxTarget):
 
         precision = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT")
         return {"runtime": self.runtime, "version": ov.get_version(), "float_precision": str(precision),
-                "dynamic_quantization_group": self.compile_config(1)["DYNAMIC_QUANTIZATION_GROUP_SIZE"]}
+                "dynamic_quantization_groups": os.environ.get(DYNAMIC_GROUP_ENV, "per model")}
 
 
 TARGET = OpenVinoRuntimeTarget()
