@@ -43,7 +43,6 @@ from .onnx_runtimes import ONNX_INT8_OPS, TRANSPOSED_CONV_PROBLEM, OnnxPredictor
 from .openvino import OPENVINO_ATTENTION, OpenVinoRules
 
 if TYPE_CHECKING:
-
     from ..graph import Graph, OpRef
 
 #: Set to f32 or bf16 to choose OpenVINO's inference precision (unset: the runtime's default for this CPU).

@@ -112,8 +112,8 @@ class LayerReplay:
     def __init__(self, graph: Graph, op: OpRef) -> None:
         if not replayable(graph, op):
             raise GraphError(f"{op!r} cannot be replayed eagerly (no handler, no parameter weight, or two inputs)")
-        self.op_type = op.type
         self.handler = HANDLERS[op.type]
+        self.array_handler = ARRAY_HANDLERS.get(op.type)
         self.attrs = graph.attrs(op)
 
     def __call__(self, x: paddle.Tensor, w: paddle.Tensor) -> paddle.Tensor:
@@ -121,7 +121,6 @@ class LayerReplay:
 
     def array(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         """``op(x, w)`` on float32 arrays, forward only (call under dygraph for ops without an array form)."""
-        array_handler = ARRAY_HANDLERS.get(self.op_type)
-        if array_handler is not None:
-            return array_handler(x, w, self.attrs)
+        if self.array_handler is not None:
+            return self.array_handler(x, w, self.attrs)
         return self.handler(paddle.to_tensor(x), paddle.to_tensor(w), self.attrs).numpy()
