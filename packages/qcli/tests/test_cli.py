@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -175,3 +176,13 @@ def test_every_failed_run_leaves_an_existing_output_byte_identical(tmp_path, cap
         with pytest.raises(SystemExit) as usage:
             main(argv)
         assert usage.value.code == 2 and _tree(tmp_path) == before
+
+
+def test_an_empty_program_file_is_one_line_not_a_traceback(tmp_path, capsys):
+    copy = tmp_path / "model"
+    shutil.copytree(demo_model_dir("pir"), copy)
+    (copy / "inference.json").write_bytes(b"")
+    assert main(["ptq", "dynamic", str(copy), str(tmp_path / "o")]) == 4
+    assert capsys.readouterr().err == (
+        f"qcli ptq: error: {copy / 'inference.json'} is empty (0 bytes); copy the model file again from where the "
+        "model was saved\n")

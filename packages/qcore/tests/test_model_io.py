@@ -6,6 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
+from qcore.diagnose import is_legacy_program
 from qcore.errors import ModelFormatError, OutputError
 from qcore.inference import predict
 from qcore.model_io import find_model_files, load_model, save_model
@@ -234,3 +235,21 @@ def test_a_legacy_program_under_a_json_name_is_named(tiny_model, tmp_path):
         f"{copy / 'inference.json'} is a legacy ProgramDesc, not a PIR program: rename it to inference.pdmodel "
         "(Paddle picks the IR from the suffix)"
     )
+
+
+@pytest.mark.parametrize(
+    ("tiny_model", "program"), [("pir", "inference.json"), ("legacy_pdmodel", "inference.pdmodel")],
+    indirect=["tiny_model"],
+)
+def test_an_empty_program_file_is_one_line(tiny_model, tmp_path, program):
+    copy, _ = _broken_copy(tiny_model, tmp_path)
+    (copy / program).write_bytes(b"")
+    with pytest.raises(ModelFormatError) as info:
+        load_model(copy)
+    assert str(info.value) == (
+        f"{copy / program} is empty (0 bytes); copy the model file again from where the model was saved")
+
+
+def test_an_empty_file_is_no_legacy_program(tmp_path):
+    (tmp_path / "inference.json").write_bytes(b"")
+    assert is_legacy_program(tmp_path / "inference.json") is False

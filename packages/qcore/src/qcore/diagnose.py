@@ -164,7 +164,7 @@ def is_legacy_program(path: Path) -> bool:
     try:
         with static_mode("legacy"):
             program = paddle.static.Program.parse_from_string(path.read_bytes())
-            return bool(program.global_block().ops)
+            return bool(program.blocks and program.global_block().ops)
     except (ValueError, RuntimeError):
         return False
 

@@ -138,6 +138,10 @@ def find_model_files(
             )
     if not model_file.is_file():
         raise ModelFormatError(f"model file not found: {model_file}; check model_dir and model_filename")
+    if model_file.stat().st_size == 0:
+        raise ModelFormatError(
+            f"{model_file} is empty (0 bytes); copy the model file again from where the model was saved"
+        )
     family = _family_of(model_file)
     if params_filename is not None:
         params_file: Path | None = model_file.parent / params_filename
