@@ -31,16 +31,31 @@ def test_demo_prints_before_after_table(tmp_path, capfd):
     assert (tmp_path / "int8" / "inference.pdmodel").is_file()
 
 
+REPO = Path(__file__).resolve().parents[3]
+
+
 def test_missing_method_package_names_the_install_command(monkeypatch):
     monkeypatch.setattr(plugins, "installed", lambda package: False)
-    with pytest.raises(SystemExit, match=r"pip install packages/qptq"):
+    with pytest.raises(SystemExit) as exit_info:
         plugins.require("demo")
+    assert str(exit_info.value) == (
+        "qcli demo: 'qptq' and 'qdemo' are not installed; install with 'pip install paddle-quant-ptq "
+        "paddle-quant-demo' (from a clone of the repository: 'pip install packages/qptq packages/qdemo')"
+    )
+
+
+def test_install_hints_name_each_packages_own_distribution():
+    """The import names are taken on PyPI by other projects: a hint must name the distribution each pyproject builds."""
+    for package, distribution in plugins.DISTRIBUTIONS.items():
+        pyproject = (REPO / "packages" / package / "pyproject.toml").read_text(encoding="utf-8")
+        assert re.search(r'^name = "(.+)"$', pyproject, re.M).group(1) == distribution
+    assert set(plugins.DISTRIBUTIONS) == {p for providers in plugins.PROVIDERS.values() for p in providers}
 
 
 def test_version(capsys):
     with pytest.raises(SystemExit):
         main(["--version"])
-    assert "qcli 0.1.0" in capsys.readouterr().out
+    assert capsys.readouterr().out == f"qcli {(REPO / 'VERSION').read_text(encoding='utf-8').strip()}\n"
 
 
 def test_errors_are_one_line_on_stderr_with_an_exit_code_per_kind(tmp_path, capsys):

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import paddle
 import pytest
@@ -18,7 +20,7 @@ def _t(values, grad: bool = False) -> paddle.Tensor:
 
 
 def test_version() -> None:
-    assert __version__ == "0.1.0"
+    assert __version__ == (Path(__file__).resolve().parents[3] / "VERSION").read_text(encoding="utf-8").strip()
 
 
 def test_forward_hand_example() -> None:

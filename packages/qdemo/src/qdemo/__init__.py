@@ -3,7 +3,7 @@
 Nothing here is needed to quantize a model: ``qcore`` and the method packages never import
 ``qdemo``. It serves ``qcli demo`` / ``qcli qat``, the benchmarks, the documentation's examples
 and every package's tests. This module reads the bundled assets; :mod:`qdemo.net` rebuilds the
-demo CNN as layers, :mod:`qdemo.qat` fine-tunes it with ``qqat`` (``pip install qdemo[qat]``),
+demo CNN as layers, :mod:`qdemo.qat` fine-tunes it with ``qqat`` (``pip install 'paddle-quant-demo[qat]'``),
 and :mod:`qdemo.testing` builds the tiny models the test suites save in every format.
 
 The assets live in ``qdemo/assets/`` and are shipped as package data, so they are available
@@ -80,7 +80,9 @@ def load_demo_raw(split: str) -> tuple[np.ndarray, np.ndarray]:
         raise ConfigError(f"unknown demo split '{split}'{did_you_mean(split, SPLITS)}; use one of {', '.join(SPLITS)}")
     path = _ASSETS / _DATA_FILE
     if not path.is_file():
-        raise ModelFormatError(f"{path} is missing; reinstall qdemo or regenerate it with demo/make_data.py")
+        raise ModelFormatError(
+            f"{path} is missing; reinstall paddle-quant-demo or regenerate it with demo/make_data.py"
+        )
     with np.load(path) as data:
         images = data[f"{split}_images"]
         labels = data[f"{split}_labels"].astype(np.int64, copy=False)
@@ -111,7 +113,7 @@ def demo_model_dir(family: str = "pir") -> Path:
     missing = [f for f in MODEL_FAMILIES[family] if not (path / f).is_file()]
     if missing:
         raise ModelFormatError(
-            f"{path} lacks {', '.join(missing)}; reinstall qdemo or regenerate it with demo/train.py"
+            f"{path} lacks {', '.join(missing)}; reinstall paddle-quant-demo or regenerate it with demo/train.py"
         )
     return path
 

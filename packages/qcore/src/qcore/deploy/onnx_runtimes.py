@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from .. import ONNX_INSTALL
 from ..errors import ConfigError
 from .base import DeployTarget
 from .scratch import as_pdmodel, scratch_dir
@@ -77,11 +78,11 @@ class OnnxTarget(DeployTarget):
         try:
             __import__(self.module)
         except ImportError:
-            return f"{self.module} is not installed (pip install 'qcore[onnx]')"
+            return f"{self.module} is not installed ({ONNX_INSTALL})"
         try:
             __import__("paddle2onnx")
         except ImportError:
-            return "paddle2onnx is not installed, so no Paddle model can be exported (pip install 'qcore[onnx]')"
+            return f"paddle2onnx is not installed, so no Paddle model can be exported ({ONNX_INSTALL})"
         return None
 
     def companion_files(self, model: Any) -> dict[str, bytes]:

@@ -1,4 +1,4 @@
-"""The float ONNX graph of a Paddle program, from paddle2onnx (the optional ``qcore[onnx]`` extra).
+"""The float ONNX graph of a Paddle program, from paddle2onnx (the optional ``onnx`` extra of ``paddle-quant-core``).
 
 paddle2onnx 2.1 reads both IRs (it translates legacy programs to PIR first), keeps parameter
 names as initializer names and names activations ``p2o.pd_op.<op>.<n>.0``. It runs:
@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import ONNX_INSTALL
 from ..errors import ExportError
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def require_onnx() -> None:
         try:
             __import__(module)
         except ImportError as error:
-            raise ExportError(f"ONNX export needs {module} ({error}); install it with: pip install 'qcore[onnx]'") \
+            raise ExportError(f"ONNX export needs {module} ({error}); install it with: {ONNX_INSTALL}") \
                 from None
 
 
