@@ -48,10 +48,11 @@ def test_generate_test_model_holds_dequantized_float_weights(tiny_model, tiny_in
 def test_default_quantizes_conv2d_and_mul_only(tiny_model, tmp_path):
     directory, kwargs = tiny_model
     files = quant_post_dynamic(directory, tmp_path / "out", **kwargs)
-    # PaddleSlim 2.6's names when save_model_filename / save_params_filename are None: scripts load them
-    assert (files.model_file.name, files.params_file.name) == (
-        "model.json" if files.family == "pir" else "model.pdmodel", "model.pdiparams")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted([files.model_file.name, "model.pdiparams"])
+    # save_model_filename / save_params_filename None: named as the input is, the names scripts load
+    expected = {"pir": ("model.json", "model.pdiparams"), "legacy_pdmodel": ("model.pdmodel", "model.pdiparams"),
+                "legacy_combined": ("__model__", "__params__")}[directory.name]
+    assert (files.model_file.name, files.params_file.name) == expected
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(expected)
     graph = open_graph(load_model(tmp_path / "out"))
     stored = {op.seed_type: graph.weight_operand(op) for op in graph.ops(["conv2d", "depthwise_conv2d", "mul"])}
     assert stored["depthwise_conv2d"] is not None  # the depthwise conv is not in the default list: float weight

@@ -43,6 +43,8 @@ def test_public_signatures_keep_their_order_and_agree():
     defaults = inspect.signature(PostTrainingQuantization.__init__).parameters
     assert defaults["batch_size"].default == 10 and inspect.signature(quant_post_static).parameters[
         "batch_size"].default == 16  # the seeds' defaults differ; each signature keeps its own
+    saves = inspect.signature(quant_post_static).parameters  # the seeds' documented names (they follow the input)
+    assert (saves["save_model_filename"].default, saves["save_params_filename"].default) == ("__model__", "__params__")
 
 
 def test_config_is_built_once_frozen_and_normalized(tiny_model, tiny_input):

@@ -3,14 +3,15 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import paddle
 import pytest
 
 from qcore.errors import ConfigError, DataError, GraphError, OutputError
 from qcore.graph import open_graph
 from qcore.inference import predict
-from qcore.model_io import find_model_files, load_model
+from qcore.model_io import find_model_files, load_model, save_model
 from qdemo import demo_model_dir
-from qptq import PostTrainingQuantization, quant_post, quant_post_static
+from qptq import PostTrainingQuantization, quant_post, quant_post_dynamic, quant_post_static
 
 
 def _samples(calib):
@@ -54,7 +55,7 @@ def test_output_graph_contents_and_report(demo_model, demo_data, tmp_path):
         # depthwise conv reads too, so no new QDQ pair) is quantized, never the conv's own output
         assert len(add_inputs) == 1 and add_inputs[0] in ptq.report["layers"][2]["inputs"]
         assert len(activations) == 6
-        assert files.model_file.name == "inference.pdmodel"
+        assert files.model_file.name == "model.pdmodel"  # the input is inference.pdmodel: Paddle 2.6's names
         assert types.count("quantize_linear") == 6 and types.count("dequantize_linear") == 6 + 6
     else:  # both inputs (TensorRT's int8 add); the relu input is shared with a conv: one QDQ pair
         assert len(add_inputs) == 2 and len(activations) == 7
@@ -77,8 +78,43 @@ def test_seed_defaults_and_alias(demo_model, demo_data, tmp_path):
     assert quant_post is quant_post_static
     quant_post(None, directory, tmp_path / "q", sample_generator=_samples(calib[:20]), algo="direct")
     written = sorted(p.name for p in (tmp_path / "q").iterdir())
-    family = load_model(directory).family
-    assert written == (["__model__", "__params__"] if family == "legacy" else ["inference.json", "inference.pdiparams"])
+    family = load_model(directory).family  # the legacy demo is inference.pdmodel: PaddleSlim 2.6's names out
+    assert written == (["model.pdiparams", "model.pdmodel"] if family == "legacy"
+                       else ["inference.json", "inference.pdiparams"])
+
+
+@pytest.mark.parametrize("saved_as, loaded_as", [
+    (("model_fp32.pdmodel", "model_fp32.pdiparams"), ("model.pdmodel", "model.pdiparams")),  # PaddleSlim 2.6
+    (("__model__", "__params__"), ("__model__", "__params__")),  # the seeds
+])
+def test_default_save_names_follow_the_input_naming_in_paddleslim_scripts(demo_data, tmp_path, saved_as, loaded_as):
+    """A legacy static-mode script quantizes with every API's default save names and loads the names its
+    PaddleSlim version writes: PaddleSlim 2.6's for a ``*.pdmodel`` input, the seeds' for ``__model__``."""
+    calib, x, _ = demo_data
+    float_dir = tmp_path / "fp32"
+    save_model(load_model(demo_model_dir("legacy")), float_dir, *saved_as)
+    reference = load_model(float_dir).run({"image": x[:64]})[0]
+    with paddle.pir_utils.OldIrGuard():
+        paddle.enable_static()
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        kwargs = {"model_filename": saved_as[0], "params_filename": saved_as[1]}
+        quant_post_static(exe, str(float_dir), str(tmp_path / "static"), sample_generator=_samples(calib[:40]),
+                          batch_size=20, algo="abs_max", **kwargs)
+        quant_post_dynamic(str(float_dir), str(tmp_path / "dynamic"), **kwargs)
+        ptq = PostTrainingQuantization(exe, _samples(calib[:40]), str(float_dir), batch_size=20, algo="abs_max",
+                                       **kwargs)
+        ptq.quantize()
+        ptq.save_quantized_model(str(tmp_path / "class"))
+        outputs = {}
+        for name in ("static", "dynamic", "class"):
+            assert sorted(p.name for p in (tmp_path / name).iterdir()) == sorted(loaded_as), name
+            program, feeds, fetches = paddle.static.load_inference_model(
+                str(tmp_path / name), exe, model_filename=loaded_as[0], params_filename=loaded_as[1])
+            outputs[name] = exe.run(program, feed={feeds[0]: x[:64]}, fetch_list=fetches)[0]
+    paddle.disable_static()
+    scale = np.abs(reference).max()
+    for name, out in outputs.items():
+        assert 0 < np.abs(out - reference).max() < 0.1 * scale, name  # quantized, close to the float model
 
 
 def test_batch_generator_and_data_loader_give_the_same_thresholds(tiny_model, tiny_input, tmp_path):

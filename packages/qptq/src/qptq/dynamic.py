@@ -20,13 +20,13 @@ from qcore.graph import open_graph
 from qcore.model_io import ModelFiles, check_model_output, load_model
 from qcore.optable import seed_types, weighted_kinds
 
-from .naming import output_names
+from .naming import SEED_MODEL_FILENAME, SEED_PARAMS_FILENAME, output_names
 
 log = logging.getLogger(__name__)
 #: Every op type with a quantizable weight (conv, fc, ...; embedding tables are :mod:`qembed`'s).
 DYNAMIC_OP_TYPES = seed_types(*weighted_kinds())
-#: What PaddleSlim 2.6 saves as when both file names are None (the seeds leave it open).
-PADDLESLIM_NAMES = {"legacy": ("model.pdmodel", "model.pdiparams"), "pir": ("model.json", "model.pdiparams")}
+#: A PIR model's names when both file names are None (PaddleSlim 2.6's ``model.*``; legacy: :mod:`qptq.naming`).
+PIR_NAMES = ("model.json", "model.pdiparams")
 
 
 def quant_post_dynamic(
@@ -45,10 +45,11 @@ def quant_post_dynamic(
 ) -> ModelFiles:
     """Store the weights of ``quantizable_op_type`` ops as int8/int16 and save the model.
 
-    With both ``save_*_filename`` left None the files are ``model.pdmodel`` / ``model.pdiparams`` (PIR:
-    ``model.json``), the names PaddleSlim 2.6 writes and scripts load. ``generate_test_model=True`` also
-    writes ``<save_model_dir>/test_model``: the same model
-    with float weights that hold the dequantized values (the seeds' "fake quantized" model).
+    With both ``save_*_filename`` left None the files are named as the input is (:mod:`qptq.naming`):
+    ``*.pdmodel`` in, ``model.pdmodel`` + ``model.pdiparams`` out (PaddleSlim 2.6's names); ``__model__`` in,
+    ``__model__`` + ``__params__`` out (the seeds'); PIR in, ``model.json`` + ``model.pdiparams``.
+    ``generate_test_model=True`` also writes ``<save_model_dir>/test_model``: the same model with float
+    weights that hold the dequantized values (the seeds' "fake quantized" model).
     ``deploy_backend`` (see :mod:`qcore.deploy`) decides how weights the runtime cannot read as int8
     are handled: the default (oneDNN's rules) keeps a legacy ``conv2d_transpose`` float, ``"openvino"``
     stores it int8 read through cast -> multiply.
@@ -62,9 +63,10 @@ def quant_post_dynamic(
     validate_choice("weight_quantize_type", weight_quantize_type, WEIGHT_QUANTIZE_TYPES[:2])
     per_channel = weight_quantize_type == "channel_wise_abs_max"
     graph = open_graph(load_model(model_dir, model_filename, params_filename))
-    if save_model_filename is None and save_params_filename is None:  # PaddleSlim 2.6's names: scripts load them
-        save_model_filename, save_params_filename = PADDLESLIM_NAMES[graph.family]
-    names = output_names(graph.family, save_model_filename, save_params_filename)
+    if save_model_filename is None and save_params_filename is None:  # the names the script will load
+        follow = (SEED_MODEL_FILENAME, SEED_PARAMS_FILENAME)
+        save_model_filename, save_params_filename = PIR_NAMES if graph.family == "pir" else follow
+    names = output_names(graph.family, save_model_filename, save_params_filename, graph.model.source)
     check_model_output(save_model_dir, graph.family, *names, graph.model.source)
     test_graph = open_graph(load_model(model_dir, model_filename, params_filename)) if generate_test_model else None
     ops = graph.ops(list(quantizable_op_type))

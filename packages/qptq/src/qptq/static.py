@@ -27,7 +27,7 @@ from .bias_correction import input_means
 from .budget import Budget, EvalFunction
 from .calibrate import Calibration
 from .config import CalibrationConfig, DataConfig, ModelConfig, PTQConfig, TargetConfig, check_paddleslim_only
-from .naming import output_names
+from .naming import SEED_MODEL_FILENAME, SEED_PARAMS_FILENAME, output_names
 from .plan import choose
 from .report import run_report
 from .rewrite import quantize_graph
@@ -174,10 +174,18 @@ class PostTrainingQuantization:
         model_filename: str | None = None,
         params_filename: str | None = None,
     ) -> ModelFiles:
-        """Save the quantized model (same IR family as the input) atomically."""
+        """Save the quantized model (same IR family as the input) atomically.
+
+        With both names None the files are named as the input is (:mod:`qptq.naming`): ``model.pdmodel`` +
+        ``model.pdiparams`` for a ``*.pdmodel`` input (Paddle 2.6's names), ``__model__`` + ``__params__`` for
+        a ``__model__`` input, ``inference.json`` + ``inference.pdiparams`` for a PIR input.
+        """
         if self.graph is None:
             raise RuntimeError("call quantize() before save_quantized_model()")
-        graph, names = self.graph, output_names(self.model.family, model_filename, params_filename)
+        if model_filename is None and params_filename is None:
+            model_filename, params_filename = SEED_MODEL_FILENAME, SEED_PARAMS_FILENAME
+        graph = self.graph
+        names = output_names(self.model.family, model_filename, params_filename, self.model.source)
 
         def write() -> ModelFiles:  # on rank 0 only under paddle.distributed; the other ranks wait for it
             files = self.config.target.deployment.save(graph, save_model_path, *names)
@@ -210,8 +218,8 @@ def quant_post_static(
     sample_generator: Callable[[], Iterable[Any]] | None = None,
     model_filename: str | None = None,
     params_filename: str | None = None,
-    save_model_filename: str | None = "__model__",
-    save_params_filename: str | None = "__params__",
+    save_model_filename: str | None = SEED_MODEL_FILENAME,
+    save_params_filename: str | None = SEED_PARAMS_FILENAME,
     batch_size: int = 16,
     batch_nums: int | None = None,
     scope: Any = None,
@@ -249,6 +257,10 @@ def quant_post_static(
     """Quantize the model in ``model_dir`` with calibration data and save it.
 
     Returns the per-layer report (thresholds chosen, and what every algo would choose).
+    The default file names (``'__model__'`` / ``'__params__'``, :data:`qptq.naming.SEED_MODEL_FILENAME`) follow
+    the input's naming: ``*.pdmodel`` in, ``model.pdmodel`` + ``model.pdiparams`` out (PaddleSlim 2.6);
+    ``__model__`` in, ``__model__`` + ``__params__`` out (the seeds); PIR in, ``inference.json`` out.
+    ``None`` / ``None`` writes ``inference.pdmodel`` (or ``.json``) + ``inference.pdiparams``.
     ``eval_function`` + ``max_metric_drop``, or ``max_output_error``: keep the layers that hurt most
     float until the model is within that budget (:mod:`qptq.budget`; report section ``budget``);
     ``measure_candidate(files)`` is recorded for the float model and each candidate (e.g. latency).
@@ -265,11 +277,11 @@ def quant_post_static(
         skip_tensor_list=skip_tensor_list, eval_function=eval_function, max_metric_drop=max_metric_drop,
         max_output_error=max_output_error, max_float_layers=max_float_layers, max_evaluations=max_evaluations,
         measure_candidate=measure_candidate, distributed=distributed)
-    family = ptq.model.family
-    check_model_output(quantize_model_path, family, *output_names(family, save_model_filename, save_params_filename),
+    names = output_names(ptq.model.family, save_model_filename, save_params_filename, ptq.model.source)
+    check_model_output(quantize_model_path, ptq.model.family, *names,
                        ptq.model.source)  # before calibration: a bad output fails in a second, not after
     ptq.quantize()
-    ptq.save_quantized_model(quantize_model_path, save_model_filename, save_params_filename)
+    ptq.save_quantized_model(quantize_model_path, *names)
     return ptq.report
 
 
