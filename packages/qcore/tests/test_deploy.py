@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import paddle
 import pytest
@@ -90,6 +92,24 @@ def test_the_host_saturates_int8_pairs_only_on_x86_without_vnni(tmp_path, monkey
     assert not host.int8_pairs_saturate(tmp_path / "missing")
     monkeypatch.setattr(host.platform, "machine", lambda: "aarch64")
     assert not host.int8_pairs_saturate(_cpuinfo(tmp_path, "asimd"))
+
+
+def test_the_cpu_class_and_its_int8_and_bf16_facts_come_from_the_flags(tmp_path, monkeypatch):
+    monkeypatch.setattr(host.platform, "machine", lambda: "x86_64")
+    zen4 = _cpuinfo(tmp_path, "avx2 fma avx512f avx512bw avx512_vnni avx512_bf16")
+    zen3 = _cpuinfo(tmp_path, "avx2 fma")
+    alder = _cpuinfo(tmp_path, "avx2 fma avx_vnni")
+    cascade = _cpuinfo(tmp_path, "avx2 fma avx512f avx512_vnni")
+    skylake = _cpuinfo(tmp_path, "avx2 fma avx512f")
+    assert [host.cpu_class(p) for p in (zen4, zen3, alder, cascade, skylake)] == [
+        "AVX-512 VNNI/BF16", "AVX2 only", "AVX2 VNNI", "AVX-512 VNNI", "AVX-512 (no VNNI)"]
+    assert [host.has_vnni(p) for p in (zen4, zen3, alder, cascade, skylake)] == [True, False, True, True, False]
+    assert [host.has_bf16(p) for p in (zen4, zen3, alder, cascade, skylake)] == [True, False, False, False, False]
+    assert host.describe_cpu(zen3).endswith(f"AVX2 only, {os.cpu_count()} cores (avx2 fma)")
+    assert "avx512_vnni avx512_bf16)" in host.describe_cpu(zen4)
+    monkeypatch.setattr(host.platform, "machine", lambda: "aarch64")
+    arm = _cpuinfo(tmp_path, "asimd avx512_vnni")  # flags of a non-x86 machine are not read as x86 ones
+    assert host.cpu_class(arm) == "aarch64" and not host.has_vnni(arm)
 
 
 def test_cpu_targets_keep_weight_codes_within_64_when_the_fix_is_on(monkeypatch):

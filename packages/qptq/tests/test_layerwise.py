@@ -106,10 +106,12 @@ def test_auto_picks_each_activations_candidate_with_the_least_layer_output_error
               for algo, t in info["all_algos"].items() if algo != "auto" and t > 0}
     reported = info["auto"]["layer_output_error"]
     assert set(reported) == set(errors)
+    # auto scores in float32 on the BLAS of the machine: outputs carry ~eps * sqrt(fan-in) = 2e-6 relative noise,
+    # ~1e-3 of these errors' own size (a 2.7e-3 relative output error); AVX2 and AVX-512 kernels round apart
     for algo, error in errors.items():
-        assert reported[algo] == pytest.approx(error, rel=1e-3)
+        assert reported[algo] == pytest.approx(error, rel=1e-2)
     best = min(errors.values())
-    assert reported[info["auto"]["algo"]] == pytest.approx(best, rel=1e-3)
+    assert reported[info["auto"]["algo"]] == pytest.approx(best, rel=1e-2)
     assert info["all_algos"]["auto"] == info["all_algos"][info["auto"]["algo"]]
     if asymmetric:  # a relu output: [0, t] on the 255 levels
         assert seen.min() == 0.0

@@ -12,6 +12,7 @@ import paddle
 import pytest
 from onnx import numpy_helper
 
+from qcore.deploy import get_target, host
 from qcore.deploy.onnx_runtimes import ONNX_FILE
 from qcore.errors import ConfigError, ExportError
 from qcore.export import export_onnx, onnx_bytes
@@ -134,7 +135,10 @@ def test_weight_scales_are_the_paddle_models_steps_with_batch_norm_folded(for_on
     # by hand: the float conv weight times the batch-norm factor, quantized per output channel by abs max
     weight = net.conv.weight.numpy()
     factor = net.bn.weight.numpy() / np.sqrt(net.bn._variance.numpy() + 1e-5)
-    expected_steps = np.abs(weight).max(axis=(1, 2, 3)) / 127 * factor
+    # 7-bit codes on a CPU whose int8 pairs saturate (qcore.deploy.host), where this target runs int8 convs
+    max_code = get_target("onnxruntime").weight_max_code(8, "legacy") or 127
+    assert max_code == (64 if host.overflow_fix_default() else 127)
+    expected_steps = np.abs(weight).max(axis=(1, 2, 3)) / max_code * factor
     np.testing.assert_allclose(steps, expected_steps, rtol=1e-5)
     np.testing.assert_array_equal(codes, np.round(weight / (expected_steps / factor).reshape(-1, 1, 1, 1)))
 
@@ -186,7 +190,7 @@ def test_float_export_runs_as_paddle(float_model):
 
 def test_bad_export_requests_are_refused_in_one_line(for_onnxruntime, tmp_path):
     out, _, _ = for_onnxruntime
-    with pytest.raises(ExportError, match="suffix"):
+    with pytest.raises(ConfigError, match="suffix"):
         export_onnx(out, tmp_path / "model.bin")
     with pytest.raises(ExportError, match="choose one of uint8, int8"):
         onnx_bytes(out, activation_type="fp8")
@@ -229,7 +233,11 @@ def test_weight_only_matmuls_run_with_int8_inputs_in_groups_on_the_openvino_runt
     assert kinds["DequantizeLinear"] == kinds["MatMul"] == 2 and kinds["DynamicQuantizeLinear"] == 0
     widths = matmul_widths(ov.Core().read_model(str(onnx_file)))
     assert sorted(widths) == [192, 512]
-    assert TARGET.compile_config(2, widths=widths)["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == "64"
+    vnni = host.has_vnni()
+    for flags, group in (({"avx2", "avx512_vnni"}, "64"), ({"avx2", "avx_vnni"}, "64"), ({"avx2", "fma"}, "0")):
+        monkeypatch.setattr(host, "cpu_flags", lambda cpuinfo=None, flags=frozenset(flags): flags)
+        assert TARGET.compile_config(2, widths=widths)["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == group
+    monkeypatch.undo()
     x = np.random.default_rng(0).standard_normal((16, 512)).astype("float32")
     simulated = load_model(tmp_path / "dyn").run({"x": x})[0]  # int8 weights, float inputs
     monkeypatch.setenv("QCORE_OPENVINO_PRECISION", "f32")
@@ -241,8 +249,10 @@ def test_weight_only_matmuls_run_with_int8_inputs_in_groups_on_the_openvino_runt
             monkeypatch.setenv(DYNAMIC_GROUP_ENV, group)
         predictor = create_predictor(onnx_file, backend="openvino-runtime")
         errors[group] = _relative_l2(run_predictor(predictor, {"x": x})[0], simulated)
-    # off: the float inputs of the simulation; on: both inputs quantized to int8 at run time, in groups of 64
-    assert errors["0"] < 1e-4 and 1e-3 < errors[None] < 2e-2
+    # off: the float inputs of the simulation; on (VNNI only): both inputs quantized to int8 at run time, in
+    # groups of 64; an AVX2-only CPU keeps the float inputs whatever the group (OpenVINO needs VNNI for it)
+    assert errors["0"] < 1e-4
+    assert 1e-3 < errors[None] < 2e-2 if vnni else errors[None] < 1e-4
     monkeypatch.setenv(DYNAMIC_GROUP_ENV, "all")
     with pytest.raises(ConfigError, match="QCORE_OPENVINO_DQ_GROUP='all' is not valid"):
         TARGET.compile_config(2)
