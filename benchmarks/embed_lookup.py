@@ -21,7 +21,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from embed_table import machine
+
+from qcore.deploy.host import describe_cpu
 
 RESULTS = Path(__file__).parent / "results"
 DIM, BATCH, BAG = 64, 32, 20
@@ -119,7 +120,7 @@ def main() -> None:
         f"x {BAG} ids, mean-pooled. Model `ids -> embedding -> mean`, saved as PIR and as legacy, quantized by "
         f"`quant_embedding_model`. Latency: median of {args.repeats} interleaved runs of one batch per model "
         "(qcore's default predictor: oneDNN with the int8 switch, 2 threads). Error: pooled outputs against float "
-        f"over 100 Zipf batches. Machine: {machine()}, Paddle {paddle.__version__}. Produced by "
+        f"over 100 Zipf batches. Machine: {describe_cpu()}, Paddle {paddle.__version__}. Produced by "
         "`benchmarks/embed_lookup.py`.",
         "",
         "| IR | scheme | MiB on disk | x float | latency (ms) | x float lookup | output rel. L2 | output cosine |",

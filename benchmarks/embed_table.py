@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,8 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+
+from qcore.deploy.host import describe_cpu
 
 RESULTS = Path(__file__).parent / "results"
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -84,17 +85,6 @@ def fs_kind(path: Path) -> str:
     return f"tmpfs ({point})" if kind == 'tmpfs' else f"the page cache of a disk ({kind}, {point})"
 
 
-def machine() -> str:
-    """CPU model, core count and whether it has AVX2 (from /proc/cpuinfo where there is one)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return f"{platform.machine()}, {os.cpu_count()} cores"
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    return f"{model or platform.machine()}, {os.cpu_count()} cores{', AVX2' if 'avx2' in flags else ''}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1 << 22, help="table rows (default 4M: 1 GiB at dim 64)")
@@ -132,7 +122,7 @@ def main() -> None:
         f"chunk_rows={args.chunk_rows:,} ({chunk_mib:.0f} MiB; it reads at most 1 MiB at a time). Peak RSS "
         "growth: VmHWM of a fresh process after `import qembed`, around one `quantize_npy` run (scales and the "
         "returned memory-mapped table included). Lookup: 4096 random ids from the returned memory-mapped table. "
-        f"Machine: {machine()}, numpy {np.__version__}. Produced by `benchmarks/embed_table.py`.",
+        f"Machine: {describe_cpu()}, numpy {np.__version__}. Produced by `benchmarks/embed_table.py`.",
         "",
         "| scheme | in memory `quantize_table` (GB/s) | chunked `quantize_npy` (GB/s) | "
         "peak RSS growth, chunked (MiB) | lookup of 4096 ids (ms) |",

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import platform
 import re
 import sys
 import tempfile
@@ -41,6 +40,7 @@ import paddle
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from qcore.deploy.host import describe_cpu  # noqa: E402
 from qcore.deploy.onnx_runtimes import ONNX_FILE  # noqa: E402
 from qcore.deploy.openvino_runtime import TARGET as OV  # noqa: E402
 from qcore.errors import ExportError  # noqa: E402
@@ -330,7 +330,7 @@ def write_results(rows: list[str], notes: list[str]) -> None:
     header = [
         "# Int8 through ONNX Runtime and the OpenVINO runtime",
         "",
-        f"`python benchmarks/onnx_export.py` on {platform.machine()} ({_cpu()}), 2 threads; ONNX Runtime "
+        f"`python benchmarks/onnx_export.py` on {describe_cpu()}, 2 threads; ONNX Runtime "
         f"{onnxruntime.__version__}, OpenVINO {openvino.get_version()} (default CPU precision "
         f"{OV.describe()['float_precision']}), {nncf_version}, Paddle {paddle.__version__}. Latency: median ms "
         f"of {REPEATS} interleaved runs of every variant on that runtime; speed-up: the runtime's default float "
@@ -354,16 +354,6 @@ def write_results(rows: list[str], notes: list[str]) -> None:
                    "nncf.compress_weights (INT8_ASYM), run with the same OpenVINO settings."]
     RESULTS.write_text("\n".join(header + rows + metric_note + [""] + [f"- {n}" for n in notes]) + "\n")
     print(f"wrote {RESULTS}", flush=True)
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

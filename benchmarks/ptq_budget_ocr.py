@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -33,7 +31,7 @@ import paddle
 sys.path.insert(0, str(Path(__file__).parent))
 import ptq_real_ocr as ocr  # noqa: E402 - the shared OCR data, metrics and fresh-process runners
 
-from qcore.deploy.host import int8_pairs_saturate  # noqa: E402
+from qcore.deploy.host import describe_cpu, int8_pairs_saturate  # noqa: E402
 from qcore.inference import predict  # noqa: E402
 from qcore.model_io import ModelFiles, find_model_files  # noqa: E402
 from qdemo import demo_model_dir, load_demo_data  # noqa: E402
@@ -205,9 +203,9 @@ def write_results(args: argparse.Namespace, ocr_rows: list[str], demo_rows: list
     header = [
         "# Accuracy-aware PTQ: threshold algorithms, the accuracy budget, AdaRound",
         "",
-        f"`python benchmarks/ptq_budget_ocr.py` on {platform.processor() or platform.machine()}, "
-        f"{'no VNNI (AVX2 only: weights within +-64, qcore.deploy.host)' if int8_pairs_saturate() else 'VNNI'}, "
-        f"{os.cpu_count()} cores; Paddle {paddle.__version__} CPU wheel and its OpenVINO engine.",
+        f"`python benchmarks/ptq_budget_ocr.py` on {describe_cpu()}"
+        f"{' (no VNNI: weights within +-64, qcore.deploy.host)' if int8_pairs_saturate() else ''}; "
+        f"Paddle {paddle.__version__} CPU wheel and its OpenVINO engine.",
         "",
     ]
     text = header

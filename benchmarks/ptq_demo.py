@@ -7,13 +7,13 @@ they hold on a noisy machine even when absolute times do not. Run with ``nox -s 
 from __future__ import annotations
 
 import argparse
-import platform
 import tempfile
 import time
 from pathlib import Path
 
 import paddle
 
+from qcore.deploy.host import describe_cpu
 from qcore.model_io import ModelFiles, find_model_files
 from qcore.verify import evaluate
 from qdemo import INPUT_NAME, demo_model_dir, load_demo_data
@@ -34,7 +34,7 @@ def main() -> None:
     lines = [
         "# PTQ on the bundled demo CNN",
         "",
-        f"Paddle {paddle.__version__}, {platform.processor() or platform.machine()}, 2 threads, oneDNN + int8 switch; "
+        f"Paddle {paddle.__version__}, {describe_cpu()}, 2 threads, oneDNN + int8 switch; "
         f"{len(x)} test images, {args.calib} calibration images; latency: median of {args.repeats} runs, the runs of "
         "a family's models interleaved. Re-run: `nox -s bench`.",
         "",

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -96,6 +95,7 @@ def main() -> None:
         return
     import paddle
 
+    from qcore.deploy.host import describe_cpu
     from qcore.outputs import write_bytes
 
     work = Path(tempfile.mkdtemp(prefix="qbench-dist-"))
@@ -115,7 +115,7 @@ def main() -> None:
     lines = [
         "# Sharded calibration: 1 process vs 2 (paddle.distributed.launch, gloo, CPU)",
         "",
-        f"Paddle {paddle.__version__}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores. "
+        f"Paddle {paddle.__version__}, {describe_cpu()}. "
         f"The bundled demo CNN (legacy), `quant_post_static(algo='KL', batch_size={args.batch_size})` over "
         f"{args.samples} demo training images; 2 processes: each rank calibrates half, statistics merged, rank 0 "
         f"writes. {args.rounds} rounds, the three set-ups interleaved in each; median. Every run's thresholds equal "

@@ -9,7 +9,6 @@ switch, 2 threads, batch 1 and 8. Writes ``benchmarks/results/ptq_latency.md``.
 from __future__ import annotations
 
 import argparse
-import platform
 import subprocess
 import tempfile
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import paddle
 
+from qcore.deploy.host import describe_cpu
 from qcore.inference import create_predictor, run_predictor
 from qcore.model_io import ModelFiles, find_model_files
 from qcore.scoring import interleaved_latency, relative_error
@@ -114,7 +114,7 @@ def main() -> None:
     lines = [
         "# Inference latency, float vs int8 (paddle.inference, CPU)",
         "",
-        f"Paddle {paddle.__version__}, {platform.processor() or platform.machine()}, 2 threads, random weights, "
+        f"Paddle {paddle.__version__}, {describe_cpu()}, 2 threads, random weights, "
         f"median of {args.repeats} runs after 2 warm-ups, the models' runs interleaved per backend (oneDNN: "
         "paddle.inference with oneDNN + int8 switch; OpenVINO: the engine bundled in the same wheel). Ratio = "
         "model / the faster float backend for that net and batch (lower is faster; 0.33x = 3x faster). Re-run: "

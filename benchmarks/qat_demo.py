@@ -10,12 +10,12 @@ abs_max, 200 calibration images) on the same model is measured in the same run. 
 from __future__ import annotations
 
 import argparse
-import platform
 import tempfile
 from pathlib import Path
 
 import paddle
 
+from qcore.deploy.host import describe_cpu
 from qcore.model_io import ModelFiles, find_model_files
 from qcore.scoring import top1
 from qcore.verify import evaluate, executor_outputs
@@ -39,7 +39,7 @@ def main() -> None:
     lines = [
         "# QAT on the bundled demo CNN",
         "",
-        f"Paddle {paddle.__version__}, {platform.processor() or platform.machine()}, 2 threads; {len(x)} test images. "
+        f"Paddle {paddle.__version__}, {describe_cpu()}, 2 threads; {len(x)} test images. "
         "QAT: Adam lr 1e-4, batch 64 on the 6000-image train split (94 steps = 1 epoch), from the float weights. "
         "Deployed = the saved legacy `.pdmodel` in `paddle.inference` with oneDNN + int8; PIR = the saved `.json` "
         f"in the executor; latency: median of {args.repeats} runs, every model's runs interleaved. "
