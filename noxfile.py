@@ -1,15 +1,27 @@
 """Cross-package sessions. ``nox`` alone runs what CI runs: every package's tests in a venv
-holding only that package and what it declares (proof that each installs on its own), then
-lint and the strict docs build. ``nox -s demo`` quantizes the bundled demo model."""
+holding only that package and what it declares (proof that each installs on its own), the
+built wheels installed into an empty venv (``wheels``), lint and the strict docs build.
+``nox -s demo`` quantizes the bundled demo model; ``nox -s build`` writes every wheel and sdist
+to ``dist/``."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import nox
+from packaging.requirements import Requirement
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11: nox itself depends on tomli there
+    import tomli as tomllib
 
 nox.options.default_venv_backend = "uv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["qcore", "qptq", "qqat", "qembed", "qcli", "qdemo", "lint", "docs"]
+nox.options.sessions = ["qcore", "qptq", "qqat", "qembed", "qcli", "qdemo", "wheels", "lint", "docs"]
 
+ROOT = Path(__file__).parent
 PACKAGES = ("qcore", "qptq", "qqat", "qembed", "qcli", "qdemo")
 # What each package's tests install besides it. Method packages depend on qcore only; every
 # test suite also takes qdemo (demo data and tiny test models, a test-only dependency: qdemo
@@ -60,7 +72,95 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff over every package, the benchmarks and the demo scripts."""
     session.install("ruff")
-    session.run("ruff", "check", "packages", "benchmarks", "demo", "noxfile.py")
+    session.run("ruff", "check", "packages", "benchmarks", "demo", "tests", "noxfile.py")
+
+
+def _version() -> str:
+    return (ROOT / "VERSION").read_text(encoding="utf-8").strip()
+
+
+def _project(name: str) -> dict:
+    return tomllib.loads((ROOT / "packages" / name / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+
+
+def _init_version(name: str) -> str | None:
+    match = re.search(r'^__version__ = "(.+)"$', (ROOT / "packages" / name / "src" / name / "__init__.py").read_text(
+        encoding="utf-8"), re.M)
+    return match and match.group(1)
+
+
+def release_problems() -> list[str]:
+    """Where a package's version, ``__version__`` or pin on another package of ours differs from ``VERSION``."""
+    version = _version()
+    ours = {_project(name)["name"] for name in PACKAGES}
+    problems = []
+    for name in PACKAGES:
+        project = _project(name)
+        if project["version"] != version:
+            problems.append(f"packages/{name}/pyproject.toml: version {project['version']}")
+        if _init_version(name) != version:
+            problems.append(f"packages/{name}/src/{name}/__init__.py: __version__ {_init_version(name)}")
+        extras = project.get("optional-dependencies", {}).values()
+        for line in [*project.get("dependencies", ()), *(line for extra in extras for line in extra)]:
+            requirement = Requirement(line)
+            if requirement.name in ours and str(requirement.specifier) != f"=={version}":
+                problems.append(f"packages/{name}/pyproject.toml: {line}")
+    return problems
+
+
+def _build(session: nox.Session, out: Path) -> list[Path]:
+    """Every package's sdist, and its wheel built from that sdist (so each sdist is proved self-contained)."""
+    problems = release_problems()
+    if problems:
+        session.error(f"these differ from VERSION ({_version()}); set them to it:\n  " + "\n  ".join(problems))
+    out.mkdir(exist_ok=True)
+    for stale in out.glob("paddle_quant_*"):
+        stale.unlink()
+    for name in PACKAGES:
+        session.run("uv", "build", "--quiet", "--out-dir", str(out), f"packages/{name}", external=True)
+    return sorted(out.glob("paddle_quant_*"))
+
+
+@nox.session(venv_backend="none")
+def build(session: nox.Session) -> None:
+    """A wheel and an sdist of every package in dist/, after checking that all carry the one VERSION."""
+    for artifact in _build(session, ROOT / "dist"):
+        session.log(f"built {artifact.relative_to(ROOT)}")
+
+
+@nox.session(reuse_venv=False)
+def wheels(session: nox.Session) -> None:
+    """Build every package, install the embedding package and the core it pins from those wheels into a new venv
+    (nothing else of ours; Paddle and numpy from the index, once) and quantize with it (tests/test_wheels.py)."""
+    dist = Path(session.create_tmp()) / "dist"
+    _build(session, dist)
+    embed, core = _project("qembed")["name"], _project("qcore")["name"]  # core comes as embed's pinned dependency
+    session.install("--find-links", str(dist), f"--refresh-package={embed}", f"--refresh-package={core}", embed,
+                    "pytest")
+    session.run(*PYTEST, "tests/test_wheels.py", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def bump(session: nox.Session) -> None:
+    """Set the version of every package, and their pins on each other, to the one given: ``nox -s bump -- 0.2.0``."""
+    if len(session.posargs) != 1 or not re.fullmatch(r"\d+\.\d+\.\d+", session.posargs[0]):
+        session.error("give the new version: nox -s bump -- X.Y.Z")
+    new = session.posargs[0]
+    old = _version()
+    names = "|".join(re.escape(_project(name)["name"]) for name in PACKAGES)
+    for name in PACKAGES:
+        pyproject = ROOT / "packages" / name / "pyproject.toml"
+        text = pyproject.read_text(encoding="utf-8").replace(f'version = "{old}"', f'version = "{new}"', 1)
+        pyproject.write_text(re.sub(rf'"((?:{names})(?:\[[^\]]*\])?)=={re.escape(old)}"', rf'"\1=={new}"', text),
+                             encoding="utf-8")
+        init = ROOT / "packages" / name / "src" / name / "__init__.py"
+        init.write_text(init.read_text(encoding="utf-8").replace(f'__version__ = "{old}"', f'__version__ = "{new}"'),
+                        encoding="utf-8")
+    (ROOT / "VERSION").write_text(new + "\n", encoding="utf-8")
+    problems = release_problems()
+    if problems:
+        session.error("set by hand:\n  " + "\n  ".join(problems))
+    session.log(f"{old} -> {new}: add its section to CHANGELOG.md")
 
 
 @nox.session

@@ -29,6 +29,8 @@ import numpy as np
 
 from qcore.errors import ConfigError, ModelFormatError, did_you_mean
 
+__version__ = "0.1.0"
+
 #: Mean and standard deviation of Fashion-MNIST pixels (scaled to [0, 1]) used to
 #: normalise the model input: ``x = (pixel / 255 - MEAN) / STD``.
 PIXEL_MEAN = 0.2860
