@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .deploy import DeployTarget, get_target
+from .deploy import DeployTarget, get_target, host
 from .inference import Predictor, create_predictor, run_predictor
 from .model_io import Model, ModelFiles, load_model
 from .scoring import agreement, interleaved_latency, relative_error, top1
@@ -130,3 +130,24 @@ def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
                      f"{row['deployed_vs_simulated']:.2e} | {row['int8_vs_float']:.2e} | "
                      f"{row['agreement_with_float']:.1f} |")
     return "\n".join(lines)
+
+
+#: An int8 model that does not beat its float model by this factor on a backend is said to gain nothing there.
+MIN_SPEEDUP = 1.05
+
+
+def slow_int8_warnings(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One line per backend of ``results`` (:func:`verify`'s rows: ``float_ms``, ``int8_ms``) whose int8 model ran
+    less than :data:`MIN_SPEEDUP` times as fast as its float model on this CPU, naming the fastest run measured."""
+    timed = {name: row for name, row in results.items() if "int8_ms" in row}
+    runs = [(row[f"{kind}_ms"], f"the {kind} model on {name}")
+            for name, row in timed.items() for kind in ("float", "int8")]
+    if not runs:
+        return []
+    fastest_ms, fastest = min(runs)
+    return [
+        f"{name}: int8 ran {row['float_ms'] / row['int8_ms']:.2f}x its float model's speed on this CPU "
+        f"({host.cpu_class()}), no real gain; the fastest measured here was {fastest} ({fastest_ms:.2f} ms)"
+        for name, row in timed.items()
+        if row["float_ms"] < MIN_SPEEDUP * row["int8_ms"]
+    ]

@@ -18,10 +18,10 @@ from qcore.deploy import BACKEND_NAMES, get_target
 from qcore.errors import ConfigError, DataError, OutputError
 from qcore.inference import create_predictor
 from qcore.model_io import ModelFiles, find_model_files
-from qcore.outputs import write_bytes
+from qcore.outputs import check_output_file, write_bytes
 from qcore.scoring import agreement, interleaved_latency, top1
 from qcore.thresholds import PTQ_ALGO_CHOICES
-from qcore.verify import deployed_outputs, executor_outputs, markdown_table, verify
+from qcore.verify import deployed_outputs, executor_outputs, markdown_table, slow_int8_warnings, verify
 
 from ..calib_data import load_function, sample_source
 from ..feeds import feed_specs, first_feed
@@ -160,9 +160,8 @@ def _check_paths(args: argparse.Namespace) -> None:
         if problem is not None:
             raise OutputError(f"--backend {backend}: {problem}")
     html = getattr(args, "report_html", None)
-    if html is not None and (not html.parent.is_dir() or html.is_dir()):
-        raise OutputError(f"--report-html {html}: directory {html.parent} does not exist or the path is a "
-                          "directory; give a file path in an existing directory")
+    if html is not None:
+        check_output_file(html, "--report-html")
 
 
 def _verified_backends(args: argparse.Namespace) -> list[str]:
@@ -171,15 +170,10 @@ def _verified_backends(args: argparse.Namespace) -> list[str]:
 
 
 def _report_path(args: argparse.Namespace) -> Path:
-    """Where the JSON report goes; refused before any work when its directory is missing or is a file."""
+    """Where the JSON report goes; refused before any work when it cannot be written (:func:`check_output_file`)."""
     if args.report is None:  # next to OUT, whose parent the save creates
         return args.out.with_name(args.out.name + ".report.json")
-    path = args.report
-    if not path.parent.is_dir():
-        raise OutputError(f"--report {path}: directory {path.parent} does not exist; create it or choose another path")
-    if path.is_dir():
-        raise OutputError(f"--report {path} is a directory; give a file path such as {path / 'report.json'}")
-    return path
+    return check_output_file(args.report, "--report")
 
 
 def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, report: dict, seconds: float,
@@ -221,6 +215,8 @@ def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, repor
     if "verified" in report:
         print(f"verified on {report['verified_on']}:")
         print(markdown_table(report["verified"]))
+        for line in slow_int8_warnings(report["verified"]):
+            print(f"warning: {line}", file=sys.stderr)
     elif "verification_failed" not in report:
         print(f"not verified: {report['verified_on']}")
     return status
