@@ -256,7 +256,7 @@ def test_a_model_with_integer_inputs_is_verified_on_its_token_ids(token_model, t
 
 @pytest.mark.parametrize("option,code,message", [
     (["--eval-data", "missing.npy"], 5, "--eval-data missing.npy: no such file"),
-    (["--report-html", "nodir/r.html"], 6, "--report-html nodir/r.html: directory nodir does not exist"),
+    (["--report-html", "."], 6, "--report-html . is a directory; give the path of a file to write"),
 ])
 def test_bad_paths_are_refused_before_any_work(demo_arrays, tmp_path, capsys, monkeypatch, option, code, message):
     monkeypatch.chdir(tmp_path)

@@ -47,7 +47,8 @@ def check_output_dir(out_dir: str | os.PathLike[str], inputs: Iterable[str | os.
     """Refuse, before any work, an output directory that cannot be written safely.
 
     Refused: an existing file; a directory equal to or containing one of ``inputs`` (files or
-    directories the run reads); a location whose nearest existing directory is not writable.
+    directories the run reads); a path under a file; a location whose nearest existing directory is
+    not writable. Missing directories are fine: the write creates them.
     """
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -58,9 +59,22 @@ def check_output_dir(out_dir: str | os.PathLike[str], inputs: Iterable[str | os.
         if src == resolved or resolved in src.parents:
             raise OutputError(f"output {out} holds the input {source}; write the output to another directory")
     existing = next(p for p in (resolved, *resolved.parents) if p.exists())
+    if not existing.is_dir():
+        raise OutputError(f"output {out} lies under {existing}, an existing file; choose a path in a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise OutputError(f"cannot write under {existing} (permission denied); choose a writable output directory")
     return out
+
+
+def check_output_file(path: str | os.PathLike[str], what: str) -> Path:
+    """Refuse, before any work, a one-file output (``what``: the option naming it) that cannot be written: an
+    existing directory, or a directory :func:`check_output_dir` refuses. Missing directories are created by
+    :func:`write_bytes`, as for every output."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"{what} {path} is a directory; give the path of a file to write")
+    check_output_dir(path.parent)
+    return path
 
 
 @contextlib.contextmanager
@@ -173,8 +187,10 @@ def _move_in(staging: Path, out: Path, order: Sequence[str], last: Sequence[str]
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write one file atomically: a temporary file in the same directory, renamed over ``path``."""
+    """Write one file atomically: a temporary file in the same directory (created if missing), renamed over
+    ``path``."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:

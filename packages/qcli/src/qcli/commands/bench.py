@@ -12,7 +12,7 @@ import numpy as np
 from qcore.deploy import BACKEND_NAMES
 from qcore.errors import ConfigError, DataError
 from qcore.model_io import ModelFiles, find_model_files
-from qcore.outputs import write_bytes
+from qcore.outputs import check_output_file, write_bytes
 from qcore.verify import markdown_table, verify
 
 from ..feeds import feed_specs
@@ -34,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.json is not None:
+        check_output_file(args.json, "--json")
     source = find_model_files(args.model)
     int8 = find_model_files(args.int8_model) if args.int8_model else source
     _check_same_inputs(source, int8)

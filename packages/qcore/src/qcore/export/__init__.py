@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ExportError
+from ..errors import ConfigError, ExportError
 from ..graph import Graph, open_graph
 from ..graph.base import StoredWeight, Unquantized
 from ..model_io import Model, ModelFiles, load_model, save_model
@@ -96,7 +96,7 @@ def export_onnx(
     """Write :func:`onnx_bytes` of ``model`` to ``path`` (an ``.onnx`` file) atomically; returns ``path``."""
     path = Path(path)
     if path.suffix != ".onnx":
-        raise ExportError(f"{path}: name the ONNX file with the .onnx suffix")
+        raise ConfigError(f"{path}: name the ONNX file with the .onnx suffix")
     check_output_dir(path.parent)
     data = onnx_bytes(model, activation_type=activation_type, dynamic=dynamic, opset=opset)
     path.parent.mkdir(parents=True, exist_ok=True)
