@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -291,3 +292,36 @@ def test_an_unwritable_openvino_cache_is_refused_before_any_work(demo_arrays, tm
     err = capsys.readouterr().err
     assert f"OpenVINO's compiled-model cache {blocker / 'cache'} cannot be created" in err
     assert "$QCORE_OPENVINO_CACHE" in err and not (tmp_path / "int8").exists()
+
+
+def _unwritable_home(tmp_path):
+    """A home directory nothing can be created in: read-only, or (as root, who writes anywhere) under a file."""
+    if os.geteuid() == 0:
+        (tmp_path / "home_file").write_text("")
+        return tmp_path / "home_file" / "home"
+    home = tmp_path / "home"
+    home.mkdir(mode=0o555)
+    return home
+
+
+@pytest.mark.parametrize("xdg", [False, True])
+def test_an_unwritable_home_refuses_only_runs_for_openvino(demo_arrays, tmp_path, capsys, monkeypatch, xdg):
+    """OpenVINO's compiled-model cache defaults to ~/.cache: a run not made for OpenVINO is still done, and
+    verifying it there says why it cannot, in its row."""
+    home = _unwritable_home(tmp_path)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("QCORE_OPENVINO_CACHE", raising=False)
+    if xdg:
+        monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    else:
+        monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    base = ["ptq", "static", str(demo_model_dir("legacy")), str(tmp_path / "int8"), "--data",
+            str(demo_arrays / "calib.npy"), "--algo", "abs_max"]
+    assert main(base) == 0, capsys.readouterr().err
+    verified = json.loads((tmp_path / "int8.report.json").read_text())["verified"]
+    assert verified["onednn"]["agreement_with_float"] >= 90
+    assert verified["openvino"]["unavailable"].startswith(
+        f"OpenVINO's compiled-model cache {home / '.cache' / 'qcore' / 'openvino'} cannot be created")
+    assert "--backend" not in capsys.readouterr().err
+    assert main([*base[:3], str(tmp_path / "ov"), *base[4:], "--backend", "openvino"]) == 6
+    assert "$QCORE_OPENVINO_CACHE" in capsys.readouterr().err and not (tmp_path / "ov").exists()

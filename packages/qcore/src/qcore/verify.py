@@ -90,12 +90,12 @@ def verify(
     """Per backend: the int8 model's output error deployed vs simulated (and the float model's, for
     scale), arg-max agreement with the float model on that backend, top-1 when ``labels`` are given
     (all on ``feed``), and float / int8 latency (on its first ``latency_batch`` rows). A backend that
-    cannot run says why under ``"unavailable"``."""
+    cannot run (or cannot write the files it needs, such as OpenVINO's cache) says why under ``"unavailable"``."""
     simulated = load_model(int8_files).run(dict(feed))[0]
     result: dict[str, dict[str, Any]] = {}
     for name in backends:
         target = get_target(name)
-        reason = target.unavailable() or target.accepts(int8_files.model_file)
+        reason = target.unavailable() or target.accepts(int8_files.model_file) or target.files_problem()
         if reason is not None:
             result[target.name] = {"unavailable": reason}
             continue
