@@ -65,6 +65,39 @@ def check_bits(bits: int) -> int:
     return bits
 
 
+def group_grid(
+    rows: NDArray[np.floating], bits: int, symmetric: bool, clip: ArrayLike = 1.0
+) -> tuple[NDArray[np.float64], NDArray[np.float64] | None]:
+    """The step and zero point (None when symmetric) of each group of ``rows`` (``[..., size, N]``: the group's
+    input channels on the second-last axis), its range shrunk by ``clip``."""
+    ratio = np.asarray(clip, np.float64)
+    if symmetric:
+        return np.abs(rows).max(axis=-2) * ratio / qmax(bits), None
+    levels = 2**bits - 1
+    lo = np.minimum(rows.min(axis=-2), 0.0) * ratio
+    hi = np.maximum(rows.max(axis=-2), 0.0) * ratio
+    step = (hi - lo) / levels
+    return step, np.clip(np.rint(-lo / np.where(step > 0, step, 1.0)), 0, levels)
+
+
+def encode(
+    values: NDArray[np.floating], step: NDArray[np.float64], zero: NDArray[np.float64] | None, bits: int
+) -> NDArray[np.float64]:
+    """Codes of ``values`` on the grid ``(step, zero)`` (broadcast against them); a zero step gives code
+    ``zero`` (0 when symmetric), whose value is 0."""
+    safe = np.where(step > 0, step, 1.0)
+    if zero is None:
+        top = qmax(bits)
+        return np.clip(np.rint(values / safe), -top, top)
+    return np.clip(np.rint(values / safe) + zero, 0, 2**bits - 1)
+
+
+def decode(codes: NDArray[np.floating], step: NDArray[np.float64], zero: NDArray[np.float64] | None
+           ) -> NDArray[np.float64]:
+    """The values of ``codes`` on the grid ``(step, zero)``."""
+    return (codes - (0.0 if zero is None else zero)) * step
+
+
 def quantize_groups(
     weight: ArrayLike, bits: int = 4, group_size: int = 128, symmetric: bool = False, clip: ArrayLike = 1.0
 ) -> GroupCodes:
@@ -79,20 +112,13 @@ def quantize_groups(
         raise ConfigError(f"weight has shape {w.shape}; group-wise codes take a 2-D [in, out] matmul weight")
     k, n = w.shape
     groups = group_count(k, group_size)
-    size = k // groups
-    g = w.reshape(groups, size, n)
-    ratio = np.broadcast_to(np.asarray(clip, np.float64), (groups, n))
-    if symmetric:
-        top = qmax(bits)
-        step = np.abs(g).max(axis=1) * ratio / top
-        safe = np.where(step > 0, step, 1.0)
-        codes = np.clip(np.rint(g / safe[:, None, :]), -top, top).astype(np.int8)
-        return GroupCodes(codes.reshape(k, n), step.astype(np.float32), None, bits, size)
-    levels = 2**bits - 1
-    lo = np.minimum(g.min(axis=1), 0.0) * ratio
-    hi = np.maximum(g.max(axis=1), 0.0) * ratio
-    step = (hi - lo) / levels
-    safe = np.where(step > 0, step, 1.0)
-    zero = np.clip(np.rint(-lo / safe), 0, levels)
-    codes = np.clip(np.rint(g / safe[:, None, :]) + zero[:, None, :], 0, levels).astype(np.uint8)
-    return GroupCodes(codes.reshape(k, n), step.astype(np.float32), zero.astype(np.uint8), bits, size)
+    g = w.reshape(groups, k // groups, n)
+    step, zero = group_grid(g, bits, symmetric, clip)
+    codes = encode(g, step[:, None, :], None if zero is None else zero[:, None, :], bits)
+    return GroupCodes(
+        codes.reshape(k, n).astype(np.int8 if symmetric else np.uint8),
+        step.astype(np.float32),
+        None if zero is None else zero.astype(np.uint8),
+        bits,
+        k // groups,
+    )

@@ -1,0 +1,120 @@
+"""GPTQ (Frantar et al., 2022): quantize a matmul weight one input channel at a time, each channel's rounding
+error spread over the channels not yet quantized so that the layer's output on the calibration inputs moves
+least.
+
+For a ``[K, N]`` weight read by inputs ``X`` (``[rows, K]``) the objective is ``||X W - X Q||^2``, whose
+Hessian in ``W`` is ``H = 2 X^T X`` (:class:`HessianAccumulator` sums it over calibration batches in memory
+flat in their number). Quantizing input channel ``i`` to ``q_i`` is followed by the optimal update of the
+channels after it, ``W[j] -= (w_i - q_i) / U[i, i] * U[i, j]``, with ``U`` the upper Cholesky factor of
+``H^-1``. The updates are applied lazily: in full inside a block of ``block_size`` channels, then once
+to the rest of the weight per block (one matrix product instead of ``K`` rank-1 updates).
+
+Options: ``damp`` adds ``damp * mean(diag(H))`` to the diagonal (a Hessian from few rows is singular);
+``act_order`` quantizes the channels of largest ``diag(H)`` (largest inputs) first, with the group grids
+fixed beforehand from the float weight so that groups stay contiguous input channels (what
+``MatMulNBits`` and ``DequantizeLinear`` blocks store); without it each group's grid is taken from
+the updated weight when its first channel is reached. Inputs that are always zero get a zero weight.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from qcore.errors import ConfigError, DataError
+from qcore.groupwise import GroupCodes, check_bits, decode, encode, group_count, group_grid
+
+#: Channels updated in full before the rest of the weight receives the block's errors.
+BLOCK_SIZE = 128
+#: Fraction of the mean Hessian diagonal added to it.
+DAMP = 0.01
+
+
+class HessianAccumulator:
+    """``2 X^T X / rows`` over every calibration batch of a matmul's input (``[..., K]``), in float64."""
+
+    def __init__(self, k: int) -> None:
+        self.sum = np.zeros((k, k), np.float64)
+        self.rows = 0
+
+    def update(self, x: ArrayLike) -> None:
+        a = np.asarray(x, np.float64)
+        a = a.reshape(-1, a.shape[-1])
+        if a.shape[1] != self.sum.shape[0]:
+            raise DataError(f"input has {a.shape[1]} channels; this matmul reads {self.sum.shape[0]}")
+        self.sum += a.T @ a
+        self.rows += a.shape[0]
+
+    def hessian(self) -> NDArray[np.float64]:
+        if not self.rows:
+            raise DataError("no calibration rows reached this matmul; give GPTQ at least one batch")
+        return 2.0 * self.sum / self.rows
+
+
+def gptq(
+    weight: ArrayLike,
+    hessian: ArrayLike,
+    bits: int = 4,
+    group_size: int = 128,
+    symmetric: bool = False,
+    *,
+    block_size: int = BLOCK_SIZE,
+    damp: float = DAMP,
+    act_order: bool = True,
+) -> GroupCodes:
+    """Group-wise codes of ``weight`` (``[K, N]``) chosen by GPTQ for inputs of Hessian ``hessian`` (``[K, K]``)."""
+    check_bits(bits)
+    w = np.array(weight, np.float64)
+    h = np.array(hessian, np.float64)
+    k, n = w.shape
+    if h.shape != (k, k):
+        raise ConfigError(f"the Hessian has shape {h.shape}; a [{k}, {n}] weight needs [{k}, {k}]")
+    if not 0 <= damp < 1:
+        raise ConfigError(f"damp={damp!r} is not valid; use a fraction of the mean diagonal in [0, 1)")
+    groups = group_count(k, group_size)
+    size = k // groups
+    dead = np.diag(h) == 0
+    h[dead, dead] = 1.0
+    w[dead] = 0.0
+    # grids fixed up front (act order), else filled in as each group's first channel is reached
+    steps = np.zeros((groups, n))
+    zeros = None if symmetric else np.zeros((groups, n))
+    if act_order:
+        step, zero = group_grid(w.reshape(groups, size, n), bits, symmetric)
+        steps[:], zeros = step, zero
+    order = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(k)
+    h = h[np.ix_(order, order)]
+    h[np.diag_indices(k)] += damp * np.mean(np.diag(h))
+    try:
+        upper = np.linalg.cholesky(np.linalg.inv(h)).T
+    except np.linalg.LinAlgError:
+        raise DataError("the calibration Hessian is not positive definite even after dampening; "
+                        "give more calibration rows or raise damp") from None
+    w = w[order]
+    codes = np.zeros((k, n))
+    # a block holds whole groups, so that a group's grid is taken from fully updated channels
+    block = max(block_size // size, 1) * size if not act_order else block_size
+    for start in range(0, k, block):
+        end = min(start + block, k)
+        errors = np.zeros((end - start, n))
+        for i in range(start, end):
+            g = order[i] // size
+            if not act_order and order[i] % size == 0:
+                step, zero = group_grid(w[i:i + size][None], bits, symmetric)
+                steps[g] = step[0]
+                if zeros is not None:
+                    zeros[g] = zero[0]
+            zero_g = None if zeros is None else zeros[g]
+            codes[i] = encode(w[i], steps[g], zero_g, bits)
+            error = (w[i] - decode(codes[i], steps[g], zero_g)) / upper[i, i]
+            w[i + 1:end] -= np.outer(upper[i, i + 1:end], error)
+            errors[i - start] = error
+        w[end:] -= upper[start:end, end:].T @ errors
+    codes[order] = codes.copy()
+    return GroupCodes(
+        codes.astype(np.int8 if symmetric else np.uint8),
+        steps.astype(np.float32),
+        None if zeros is None else zeros.astype(np.uint8),
+        bits,
+        size,
+    )

@@ -1,0 +1,95 @@
+"""GPTQ: its blocked, Cholesky-based updates equal the plain one-channel-at-a-time reference; it beats round to
+nearest on the layer output; its bad input is one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qcore.errors import ConfigError, DataError
+from qcore.groupwise import decode, encode, group_grid, quantize_groups
+from qptq.weight_only.gptq import HessianAccumulator, gptq
+
+
+def _reference(weight, hessian, bits, group_size, symmetric, damp, act_order):
+    """Optimal brain quantization as first written: after each channel, update the rest with the inverse
+    Hessian and remove the channel from it (no Cholesky, no blocks)."""
+    w, h = weight.astype(np.float64).copy(), hessian.astype(np.float64).copy()
+    k, n = w.shape
+    size = k if group_size == -1 else group_size
+    order = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(k)
+    static = group_grid(w.reshape(k // size, size, n), bits, symmetric)
+    w, h = w[order], h[np.ix_(order, order)]
+    h[np.diag_indices(k)] += damp * np.mean(np.diag(h))
+    hinv = np.linalg.inv(h)
+    codes = np.zeros((k, n))
+    grids = {}
+    for i in range(k):
+        g = order[i] // size
+        if act_order:
+            grids[g] = (static[0][g], None if static[1] is None else static[1][g])
+        elif order[i] % size == 0:
+            step, zero = group_grid(w[i:i + size][None], bits, symmetric)
+            grids[g] = (step[0], None if zero is None else zero[0])
+        step, zero = grids[g]
+        codes[i] = encode(w[i], step, zero, bits)
+        error = (w[i] - decode(codes[i], step, zero)) / hinv[i, i]
+        w[i + 1:] -= np.outer(hinv[i + 1:, i], error)
+        hinv -= np.outer(hinv[:, i], hinv[i, :]) / hinv[i, i]
+    out = np.zeros_like(codes)
+    out[order] = codes
+    return out
+
+
+def _layer(rng, k=32, n=6, rows=200):
+    mix = rng.standard_normal((k, k)) * 0.3 + np.eye(k)  # correlated inputs of unequal size
+    x = rng.standard_normal((rows, k)) @ mix * rng.uniform(0.2, 3.0, k)
+    return x, rng.standard_normal((k, n))
+
+
+@pytest.mark.parametrize(("act_order", "symmetric", "group_size"), [(False, False, 8), (True, False, 8),
+                                                                    (False, True, -1), (True, True, 16)])
+def test_blocked_gptq_equals_the_one_channel_at_a_time_reference(act_order, symmetric, group_size):
+    rng = np.random.default_rng(0)
+    x, w = _layer(rng)
+    acc = HessianAccumulator(32)
+    for batch in np.array_split(x, 7):
+        acc.update(batch)
+    np.testing.assert_allclose(acc.hessian(), 2 * x.T @ x / len(x), rtol=1e-12)
+    got = gptq(w, acc.hessian(), bits=4, group_size=group_size, symmetric=symmetric, block_size=4,
+               act_order=act_order)
+    want = _reference(w, acc.hessian(), 4, group_size, symmetric, 0.01, act_order)
+    np.testing.assert_array_equal(got.codes, want)
+
+
+def test_gptq_lowers_the_layer_output_error_of_round_to_nearest():
+    rng = np.random.default_rng(1)
+    x, w = _layer(rng, k=64, n=16, rows=512)
+    acc = HessianAccumulator(64)
+    acc.update(x)
+    reference = x @ w
+
+    def error(codes):
+        return np.linalg.norm(x @ codes.dequantize() - reference) / np.linalg.norm(reference)
+
+    rtn = error(quantize_groups(w, 4, 32))
+    ordered = error(gptq(w, acc.hessian(), 4, 32))
+    plain = error(gptq(w, acc.hessian(), 4, 32, act_order=False))
+    assert ordered < 0.8 * rtn and plain < 0.9 * rtn, (rtn, plain, ordered)
+
+
+def test_an_input_that_is_always_zero_gets_a_zero_weight():
+    rng = np.random.default_rng(2)
+    x, w = _layer(rng, k=16, n=4)
+    x[:, 3] = 0
+    q = gptq(w, 2 * x.T @ x / len(x), 4, 8)
+    assert not q.dequantize()[3].any()
+
+
+def test_bad_gptq_input_is_one_line():
+    with pytest.raises(ConfigError, match=r"the Hessian has shape \(8, 8\); a \[16, 4\] weight needs \[16, 16\]"):
+        gptq(np.ones((16, 4)), np.eye(8), 4, 8)
+    with pytest.raises(DataError, match="no calibration rows reached this matmul"):
+        HessianAccumulator(4).hessian()
+    with pytest.raises(DataError, match="input has 3 channels; this matmul reads 4"):
+        HessianAccumulator(4).update(np.ones((2, 3)))
