@@ -2,7 +2,8 @@
 
 Errors of the toolkit, missing files and unwritable outputs end the command with one line on
 stderr and an exit code per kind (:data:`EXIT_CODES`); Ctrl-C ends it with one line and
-:data:`INTERRUPTED`. ``--verbose`` shows the traceback and Paddle's own logs and warnings instead.
+:data:`INTERRUPTED`; a warning is one line too. ``--verbose`` shows the traceback (and where each
+warning was raised) and Paddle's own logs and warnings instead.
 
 A command's module (and with it Paddle) is imported only when that command is used, so
 ``qcli --help`` answers at once.
@@ -19,9 +20,9 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, TextIO
 
 from . import __version__, commands
 
@@ -72,6 +73,17 @@ def exit_code(exc: BaseException) -> int | None:
         if kind.__name__ in EXIT_CODES:
             return EXIT_CODES[kind.__name__]
     return None
+
+
+def _warning_line(command: str) -> Callable[..., None]:
+    """A ``warnings.showwarning`` printing one line, ``qcli COMMAND: warning: ...`` (no source file or line)."""
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: TextIO | None = None, line: str | None = None) -> None:
+        text = str(message).strip().splitlines()[0] if str(message).strip() else category.__name__
+        print(f"qcli {command}: warning: {text}", file=file or sys.stderr)
+
+    return show
 
 
 def _exit_interrupted(signum: int, frame: FrameType | None) -> None:
@@ -127,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _interrupt_ends_at_once():
             args = build_parser().parse_args(raw)  # imports the command's module, and Paddle with it
         _configure_logging(handlers, args.verbose)
+        if not args.verbose:  # --verbose keeps Python's form: where it was raised, and the source line
+            warnings.showwarning = _warning_line(args.command)
         try:
             return int(args.run(args) or 0)
         except KeyboardInterrupt:

@@ -7,7 +7,9 @@ batches and every threshold algorithm can be scored from the same pass.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import sys
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -108,11 +110,26 @@ def calibrate(
     result = Calibration({n: start.get(n) or HistogramObserver() for n in names}, dict(channel_means or {}))
     result.activation_samples = {n: [] for n in names} if keep_samples > 0 else {}
     fetch = [unique[n].value for n in names]
-    iterator = tqdm(batches, desc="calibrating", unit="batch", disable=not progress) if tqdm else batches
+    iterator = _progress(batches) if progress else batches
     # is_test on: oneDNN's conv2d_transpose kernel runs only with it, and an inference program means it anyway
     with onednn_kernels(), graph.test_mode():
         _observe(graph, iterator, names, fetch, result, keep_samples)
     return result
+
+
+def _progress(batches: Iterable[dict[str, np.ndarray]]) -> Iterable[dict[str, np.ndarray]]:
+    """``batches`` with tqdm's bar on a terminal; elsewhere (a log file, a pipe) one line once the pass ends."""
+    if tqdm is not None and sys.stderr.isatty():
+        return tqdm(batches, desc="calibrating", unit="batch")
+    return _counted(batches)
+
+
+def _counted(batches: Iterable[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
+    start, count = time.perf_counter(), 0
+    for batch in batches:
+        count += 1
+        yield batch
+    print(f"calibrating: {count} batches in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
 
 
 def run_batches(graph: Graph, batches: Iterable[dict[str, np.ndarray]]) -> list[np.ndarray]:

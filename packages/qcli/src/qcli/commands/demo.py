@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from qcore.deploy import BACKEND_NAMES
 from qcore.model_io import ModelFiles, find_model_files
 from qcore.thresholds import PTQ_ALGO_CHOICES
 from qcore.verify import evaluate
@@ -21,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algo", default="kl", type=str.lower, choices=PTQ_ALGO_CHOICES,
                    help="activation threshold algorithm (default kl)")
     p.add_argument("--calib-samples", type=int, default=200, help="calibration images (from the calib split)")
+    p.add_argument("--backend", default=None, choices=BACKEND_NAMES,
+                   help="quantize for this runtime (deploy_backend) and score both models there (default: onednn)")
     p.add_argument("--out", type=Path, default=None, help="where to keep the quantized model (default: a temp dir)")
     p.set_defaults(run=run)
 
@@ -50,9 +53,10 @@ def run(args: argparse.Namespace) -> int:
     report = qptq.quant_post_static(
         None, source.directory, out, sample_generator=lambda: ((img,) for img in calib[: args.calib_samples]),
         batch_size=20, algo=args.algo, optimize_model=True, save_model_filename=None, save_params_filename=None,
-        progress=True,
+        progress=True, deploy_backend=args.backend,
     )
     print(f"\nFashion-MNIST demo CNN, {args.family} family, {len(x)} test images, "
-          f"{report['samples']} calibration images, quantized model in {out}\n")
-    print_comparison({"float": source, f"int8 ({report['algo']})": find_model_files(out)}, x, y)
+          f"{report['samples']} calibration images, paddle.inference on {args.backend or 'onednn'}, "
+          f"quantized model in {out}\n")
+    print_comparison({"float": source, f"int8 ({report['algo']})": find_model_files(out)}, x, y, args.backend)
     return 0

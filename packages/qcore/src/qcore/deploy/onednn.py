@@ -471,7 +471,8 @@ class OneDnnRules(OneDnnScales):
 NO_VNNI_PROBLEM = (
     "this CPU has no VNNI: oneDNN's int8 kernels here run quantized models unlike their simulation "
     "(measured on an AVX2-only AMD EPYC, Paddle 3.3.1: 1-36 % off on small conv / residual / fc nets, "
-    "with or without 7-bit weights); deploy with backend='openvino', which runs them as simulated"
+    "with or without 7-bit weights); OpenVINO runs them as simulated: qcli ptq / demo --backend openvino, "
+    "quant_post_static(..., deploy_backend='openvino'), create_predictor(..., backend='openvino')"
 )
 
 
