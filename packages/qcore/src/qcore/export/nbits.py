@@ -1,0 +1,55 @@
+"""Group-wise weights (:class:`qcore.groupwise.GroupCodes`) as ONNX Runtime's ``com.microsoft.MatMulNBits``.
+
+The contrib op's layout (ONNX Runtime 1.17 and later): ``B`` is uint8 ``[N, K / block, block * bits / 8]``,
+each output's codes in input order, two 4-bit codes a byte (first in the low nibble); ``scales`` is
+``[N, K / block]`` in the activation type; ``zero_points`` uint8 packed the same way, ``[N, ceil(K / block *
+bits / 8)]``; without them the zero point is ``2 ** (bits - 1)``, so symmetric codes are stored shifted by
+it. ``block_size`` is the group size (a power of two, at least 16). ``accuracy_level`` 4 lets the CPU
+kernel quantize the activations to int8 per block and multiply in integers (the fast path); 0 keeps float
+activations.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..groupwise import GroupCodes
+from ..packing import pack_codes
+
+#: ``accuracy_level`` values: int8 activations per block (fast), float activations (exact to the codes).
+INT8_ACTIVATIONS, FLOAT_ACTIVATIONS = 4, 0
+MS_DOMAIN = "com.microsoft"
+
+
+def _packed(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Unsigned codes along the last axis as bytes: two to a byte for 4 bits, one for 8."""
+    if bits == 8:
+        return codes.astype(np.uint8)
+    return pack_codes(codes.astype(np.int16), bits).view(np.uint8)
+
+
+def matmul_nbits(
+    q: GroupCodes, a: str, y: str, name: str, accuracy_level: int = INT8_ACTIVATIONS
+) -> tuple[Any, list[Any]]:
+    """The ``MatMulNBits`` node computing ``y = a @ dequantize(q)`` and its initializers (named after ``name``)."""
+    from onnx import helper, numpy_helper
+
+    k, n = q.codes.shape
+    block = q.group_size
+    if block < 16 or block & (block - 1):
+        raise ConfigError(f"group_size={block} cannot be a MatMulNBits block; use a power of two >= 16 (32, 64, 128)")
+    blocks = k // block
+    codes = q.codes.astype(np.int16) + (2 ** (q.bits - 1) if q.zero_points is None else 0)
+    b = _packed(codes.T.reshape(n, blocks, block), q.bits)  # [N, blocks, block * bits / 8]
+    inits = [numpy_helper.from_array(b, f"{name}.B"),
+             numpy_helper.from_array(np.ascontiguousarray(q.scales.T, np.float32), f"{name}.scales")]
+    inputs = [a, f"{name}.B", f"{name}.scales"]
+    if q.zero_points is not None:
+        inits.append(numpy_helper.from_array(_packed(q.zero_points.T, q.bits), f"{name}.zero_points"))
+        inputs.append(f"{name}.zero_points")
+    node = helper.make_node("MatMulNBits", inputs, [y], name=name, domain=MS_DOMAIN, K=k, N=n, bits=q.bits,
+                            block_size=block, accuracy_level=accuracy_level)
+    return node, inits
