@@ -22,14 +22,12 @@ import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
 import paddle
 
+from .model_files import ModelFiles
 from .paddle_env import Family, static_mode
-
-if TYPE_CHECKING:
-    from .model_io import ModelFiles
 
 #: TensorDesc dtype codes (Paddle's ``VarType`` enum) -> (name, bytes per element).
 DTYPES = {

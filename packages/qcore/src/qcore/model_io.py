@@ -24,32 +24,13 @@ import paddle
 
 from .diagnose import is_legacy_program, load_problem, truncation
 from .errors import ModelFormatError, OutputError
+from .model_files import ModelFiles
 from .outputs import check_file_name, check_output_dir, repair, staged_output
 from .paddle_env import FAMILIES, Family, cpu_executor, static_mode
 from .zero_points import fold_shifts, unfold_zero_points
 
 PARAMS_SUFFIX = ".pdiparams"
 MODEL_SUFFIX = {"pir": ".json", "legacy": ".pdmodel"}
-
-
-@dataclass(frozen=True)
-class ModelFiles:
-    """Where a model lives on disk. ``params_file`` is None for one-file-per-parameter models."""
-
-    model_file: Path
-    params_file: Path | None
-    family: Family
-
-    @property
-    def directory(self) -> Path:
-        return self.model_file.parent
-
-    @property
-    def params_bytes(self) -> int:
-        """Bytes of parameter data: the combined params file, or every other file of the directory."""
-        if self.params_file is not None:
-            return self.params_file.stat().st_size
-        return sum(p.stat().st_size for p in self.directory.iterdir() if p.is_file() and p != self.model_file)
 
 
 @dataclass

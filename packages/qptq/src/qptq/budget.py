@@ -17,80 +17,21 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from qcore.deploy import Deployment
-from qcore.errors import ConfigError, QuantError
+from qcore.errors import QuantError
 from qcore.graph import Graph
 from qcore.model_io import ModelFiles
 
 from .calibrate import Calibration, run_batches
+from .config import Budget, TargetConfig
 from .plan import Plan
 from .rewrite import quantize_graph
 
-if TYPE_CHECKING:
-    from .config import TargetConfig
-
 log = logging.getLogger(__name__)
-
-#: ``eval_function(model_files) -> score``, higher is better (the PaddleSlim / NNCF convention).
-EvalFunction = Callable[[ModelFiles], float]
-
-
-@dataclass(frozen=True)
-class Budget:
-    """What "good enough" means: a metric drop against float, or an output error, with search bounds."""
-
-    eval_function: EvalFunction | None = None
-    max_metric_drop: float | None = None
-    max_output_error: float | None = None
-    max_float_layers: int | None = None  # None: any number of layers may go back to float
-    max_evaluations: int = 10
-    #: called on the float model and on every candidate scored (e.g. its latency on your backend);
-    #: the values go into the report, next to the scores, and never decide anything
-    measure: Callable[[ModelFiles], float] | None = None
-
-    @classmethod
-    def from_options(cls, eval_function: EvalFunction | None, max_metric_drop: float | None,
-                     max_output_error: float | None, max_float_layers: int | None,
-                     max_evaluations: int, measure: Callable[[ModelFiles], float] | None = None) -> Budget | None:
-        """The budget the PTQ keywords ask for, or None; one clear line for every inconsistent mix."""
-        if eval_function is None and max_metric_drop is None and max_output_error is None:
-            return None
-        if (eval_function is None) != (max_metric_drop is None):
-            raise ConfigError("eval_function and max_metric_drop go together: pass both (e.g. max_metric_drop=0.01), "
-                              "or max_output_error alone for a label-free budget")
-        if max_metric_drop is not None and max_output_error is not None:
-            raise ConfigError("pass max_metric_drop (with eval_function) or max_output_error, not both")
-        if eval_function is not None and not callable(eval_function):
-            raise ConfigError(f"eval_function={eval_function!r} is not callable; pass fn(model_files) -> float")
-        limits = (("max_metric_drop", max_metric_drop, 1.0), ("max_output_error", max_output_error, None))
-        for name, value, top in limits:
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value) or value < 0 or (top is not None and value > top)):
-                bound = f"between 0 and {top:g} (a fraction: 0.01 is one point)" if top else "a finite number >= 0"
-                raise ConfigError(f"{name}={value!r} is not valid; valid choices: {bound}")
-        for name, value, low in (("max_float_layers", max_float_layers, 0), ("max_evaluations", max_evaluations, 2)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-                raise ConfigError(f"{name}={value!r} is not valid; valid choices: an int >= {low}")
-        if measure is not None and not callable(measure):
-            raise ConfigError(f"measure_candidate={measure!r} is not callable; pass fn(model_files) -> float")
-        return cls(eval_function, max_metric_drop, max_output_error, max_float_layers, max_evaluations, measure)
-
-    @property
-    def metric(self) -> str:
-        return "eval_function" if self.eval_function is not None else "output_error"
-
-    def within(self, score: float, float_score: float) -> bool:
-        """Whether a candidate's ``score`` meets the budget (``float_score``: the float model's metric)."""
-        if self.eval_function is not None:
-            assert self.max_metric_drop is not None
-            return float_score - score <= self.max_metric_drop
-        assert self.max_output_error is not None
-        return score <= self.max_output_error
-
 
 def score_of(budget: Budget, files: ModelFiles, float_layers: int | None) -> float:
     """``budget.eval_function(files)`` as a float; one line naming the candidate if it fails or is not a number."""

@@ -1,4 +1,4 @@
-"""The validated, frozen settings of one static post-training quantization run, in four groups.
+"""The validated, frozen settings of one static post-training quantization run, in five groups.
 
 :class:`~qptq.static.PostTrainingQuantization` maps PaddleSlim's keywords (``quant_post_static``
 passes the same set) once into a :class:`PTQConfig` of groups; each PTQ stage receives the group
@@ -9,12 +9,15 @@ it reads, never the quantizer:
 * :class:`TargetConfig`: what the model becomes: the deployment target (the one door to it,
   :class:`qcore.deploy.Deployment`, with the bit widths), the ops, the activation grids;
 * :class:`CalibrationConfig`: how thresholds and weight codes are chosen;
-* the accuracy budget (:class:`qptq.budget.Budget`, or None).
+* :class:`Budget`: the accuracy budget, or None (:mod:`qptq.budget` searches for it).
+
+The settings import no PTQ stage: the stages import the group they read from here.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import warnings
@@ -30,10 +33,9 @@ from qcore.constants import ACTIVATION_QUANTIZE_TYPES, WEIGHT_QUANTIZE_TYPES
 from qcore.deploy import Deployment, Targets
 from qcore.errors import ConfigError
 from qcore.graph import Graph
-from qcore.model_io import Model, load_model
+from qcore.model_io import Model, ModelFiles, load_model
 from qcore.thresholds import LAYERWISE_ALGOS, canonical_algo
 
-from .budget import Budget
 from .data import check_batch_arguments, feed_batches
 
 log = logging.getLogger(__name__)
@@ -165,6 +167,63 @@ class CalibrationConfig:
         return cls(canonical_algo(algo, extra=LAYERWISE_ALGOS), hist_percent,
                    weight_quantize_type == "channel_wise_abs_max", round_type, bias_correction, progress, distributed,
                    Path(cache_dir) / "observers.json" if is_use_cache_file else None)
+
+
+#: ``eval_function(model_files) -> score``, higher is better (the PaddleSlim / NNCF convention).
+EvalFunction = Callable[[ModelFiles], float]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What "good enough" means: a metric drop against float, or an output error, with search bounds."""
+
+    eval_function: EvalFunction | None = None
+    max_metric_drop: float | None = None
+    max_output_error: float | None = None
+    max_float_layers: int | None = None  # None: any number of layers may go back to float
+    max_evaluations: int = 10
+    #: called on the float model and on every candidate scored (e.g. its latency on your backend);
+    #: the values go into the report, next to the scores, and never decide anything
+    measure: Callable[[ModelFiles], float] | None = None
+
+    @classmethod
+    def from_options(cls, eval_function: EvalFunction | None, max_metric_drop: float | None,
+                     max_output_error: float | None, max_float_layers: int | None,
+                     max_evaluations: int, measure: Callable[[ModelFiles], float] | None = None) -> Budget | None:
+        """The budget the PTQ keywords ask for, or None; one clear line for every inconsistent mix."""
+        if eval_function is None and max_metric_drop is None and max_output_error is None:
+            return None
+        if (eval_function is None) != (max_metric_drop is None):
+            raise ConfigError("eval_function and max_metric_drop go together: pass both (e.g. max_metric_drop=0.01), "
+                              "or max_output_error alone for a label-free budget")
+        if max_metric_drop is not None and max_output_error is not None:
+            raise ConfigError("pass max_metric_drop (with eval_function) or max_output_error, not both")
+        if eval_function is not None and not callable(eval_function):
+            raise ConfigError(f"eval_function={eval_function!r} is not callable; pass fn(model_files) -> float")
+        limits = (("max_metric_drop", max_metric_drop, 1.0), ("max_output_error", max_output_error, None))
+        for name, value, top in limits:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value < 0 or (top is not None and value > top)):
+                bound = f"between 0 and {top:g} (a fraction: 0.01 is one point)" if top else "a finite number >= 0"
+                raise ConfigError(f"{name}={value!r} is not valid; valid choices: {bound}")
+        for name, value, low in (("max_float_layers", max_float_layers, 0), ("max_evaluations", max_evaluations, 2)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise ConfigError(f"{name}={value!r} is not valid; valid choices: an int >= {low}")
+        if measure is not None and not callable(measure):
+            raise ConfigError(f"measure_candidate={measure!r} is not callable; pass fn(model_files) -> float")
+        return cls(eval_function, max_metric_drop, max_output_error, max_float_layers, max_evaluations, measure)
+
+    @property
+    def metric(self) -> str:
+        return "eval_function" if self.eval_function is not None else "output_error"
+
+    def within(self, score: float, float_score: float) -> bool:
+        """Whether a candidate's ``score`` meets the budget (``float_score``: the float model's metric)."""
+        if self.eval_function is not None:
+            assert self.max_metric_drop is not None
+            return float_score - score <= self.max_metric_drop
+        assert self.max_output_error is not None
+        return score <= self.max_output_error
 
 
 @dataclass(frozen=True)

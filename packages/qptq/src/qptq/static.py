@@ -24,9 +24,17 @@ from . import budget
 from .adaround import adaround_targets
 from .auto import AUTO
 from .bias_correction import input_means
-from .budget import Budget, EvalFunction
 from .calibrate import Calibration
-from .config import CalibrationConfig, DataConfig, ModelConfig, PTQConfig, TargetConfig, check_paddleslim_only
+from .config import (
+    Budget,
+    CalibrationConfig,
+    DataConfig,
+    EvalFunction,
+    ModelConfig,
+    PTQConfig,
+    TargetConfig,
+    check_paddleslim_only,
+)
 from .naming import SEED_MODEL_FILENAME, SEED_PARAMS_FILENAME, output_names
 from .plan import choose
 from .report import run_report
