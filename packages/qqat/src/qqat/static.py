@@ -30,7 +30,6 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import numpy as np
 import paddle
 
 from qcore.config import QuantConfig
@@ -38,15 +37,15 @@ from qcore.deploy import Deployment
 from qcore.errors import ConfigError, GraphError, QuantError
 from qcore.graph import Graph, Operand, OpRef, PirGraph
 from qcore.model_io import Model
-from qcore.paddle_env import cpu_executor, static_mode
+from qcore.paddle_env import static_mode
 from qcore.quant import abs_max, fake_quantize
 
 from .config import static_config
+from .hooks import Hook, apply_hooks, initialise_new
 from .legacy_static import convert_legacy, learned_scales, quant_aware_legacy
 from .legacy_static import graph_of as legacy_graph
 
 log = logging.getLogger(__name__)
-Hook = Callable[[Any], Any] | None
 
 _ACT_OP = "pd_op.fake_quantize_dequantize_moving_average_abs_max"
 _WEIGHT_OPS = ("pd_op.fake_channel_wise_quantize_dequantize_abs_max", "pd_op.fake_quantize_dequantize_abs_max")
@@ -65,11 +64,7 @@ def _family(program: Any, what: str) -> str:
                      f"{type(program).__name__}")
 
 
-def _check_slim_keywords(family: str, hooks: tuple[Hook, ...], calib_config: Mapping[str, Any] | None,
-                         model_type: str | None) -> None:
-    if family == "legacy" and any(h is not None for h in hooks):
-        raise ConfigError("the *_quantize_func / *_preprocess_func hooks work on PIR programs only; build the "
-                          "program in PIR mode (Paddle 3's default) or leave the hooks out")
+def _check_slim_keywords(calib_config: Mapping[str, Any] | None, model_type: str | None) -> None:
     if calib_config:
         raise ConfigError("calib_config (PTQ-initialised scales) is not supported; pass scale_dict={tensor: scale} "
                           "from qptq.quant_post_static's report, or leave it out (scales learn from 0)")
@@ -97,38 +92,14 @@ class _Builder:
         self.graph, self.cfg, self.for_test = graph, cfg, for_test
 
     def activation(self, op: OpRef, x: Any, name: str, hooks: tuple[Hook, Hook]) -> Any:
-        preprocess, quantize = hooks
-        if preprocess is not None:
-            x = preprocess(x)
-        if quantize is not None:
-            return quantize(x)
         cfg = self.cfg
         # activation_quantize_type='abs_max': this batch's abs max; the test program reads the last
-        return self.graph.fake_quant_activation(op, x, name, cfg.activation_bits, cfg.moving_rate, test=self.for_test,
-                                                batch_abs_max=cfg.activation_quantize_type == "abs_max")
+        return apply_hooks(x, hooks, lambda v: self.graph.fake_quant_activation(
+            op, v, name, cfg.activation_bits, cfg.moving_rate, test=self.for_test,
+            batch_abs_max=cfg.activation_quantize_type == "abs_max"))
 
     def weight(self, op: OpRef, w: Any, axis: int | None, hooks: tuple[Hook, Hook]) -> Any:
-        preprocess, quantize = hooks
-        if preprocess is not None:
-            w = preprocess(w)
-        if quantize is not None:
-            return quantize(w)
-        return self.graph.fake_quant_weight(op, w, self.cfg.weight_bits, axis)
-
-    def initialise(self, executor: Any) -> None:
-        """Initialise the variables this call created (hooks' parameters too).
-
-        The graph's startup program runs in a scratch scope and only variables missing from the
-        scope are copied over, so quantizing the test program never resets what training learned.
-        """
-        scope = self.graph.model.scope
-        scratch = paddle.static.Scope()
-        with paddle.static.scope_guard(scratch):
-            (executor or cpu_executor()).run(self.graph.startup)
-        for name in scratch.local_var_names():
-            if scope.find_var(name) is None:
-                value = np.array(scratch.find_var(name).get_tensor())
-                scope.var(name).get_tensor().set(value, paddle.CPUPlace())
+        return apply_hooks(w, hooks, lambda v: self.graph.fake_quant_weight(op, v, self.cfg.weight_bits, axis))
 
 
 def quant_aware(
@@ -159,7 +130,9 @@ def quant_aware(
     (``*_preprocess_func``) the built-in quantization; parameters they create are initialised
     right away with ``executor`` (a CPU executor when None) and are trained by the program's
     own ``minimize``, which is why ``optimizer_func`` is not needed under PIR (see the docs).
-    Legacy programs (:mod:`qqat.legacy_static`): before or after ``minimize``; no hooks.
+    Legacy programs (:mod:`qqat.legacy_static`): before or after ``minimize``; the hooks take and return a
+    legacy ``Variable``; after ``minimize`` the hooks' ops get their gradient ops and their parameters are
+    trained by ``optimizer_func()`` (PaddleSlim's order), before it the program's own ``minimize`` trains them.
     ``place`` is accepted for compatibility; the executor decides the device. PaddleSlim 2.6's keywords:
     ``scale_dict`` ({activation: scale}) starts the activation scales there (legacy programs);
     ``return_scale_dict`` returns ``(program, {activation: scale})``; ``return_program`` and ``draw_graph``
@@ -168,14 +141,15 @@ def quant_aware(
     """
     family = _family(program, "quant_aware")
     cfg = static_config(config)
-    _check_slim_keywords(family, (weight_quantize_func, act_quantize_func, weight_preprocess_func,
-                                  act_preprocess_func), calib_config, model_type)
+    _check_slim_keywords(calib_config, model_type)
     if pattern_ops is not None:
         raise ConfigError("pattern_ops is not supported; list the op types in config['quantize_op_types']")
     del return_program, draw_graph
     if family == "legacy":
         graph = legacy_graph(program, scope)
-        scales = quant_aware_legacy(graph, cfg, for_test, scale_dict)
+        hooks = (act_preprocess_func, act_quantize_func, weight_preprocess_func, weight_quantize_func)
+        with static_mode("legacy", graph.model.scope):
+            scales = quant_aware_legacy(graph, cfg, for_test, scale_dict, hooks, optimizer_func, executor)
         if not scales:
             log.warning("no op of %s found in the program: nothing to quantize", list(cfg.effective_op_types))
         return (program, learned_scales(graph)) if return_scale_dict else program
@@ -201,7 +175,7 @@ def quant_aware(
                 if weight is not None:
                     hooks = (weight_preprocess_func, weight_quantize_func)
                     graph.rename_input(op, weight.value, builder.weight(op, weight.value, _axis(graph, op, cfg), hooks))
-    builder.initialise(executor)
+    initialise_new(graph.startup, graph.model.scope, executor)
     if return_scale_dict:
         return program, {name: 0.0 for name in done}
     return program
