@@ -1,0 +1,44 @@
+"""Clip search (PaddleSlim's ``AutoClip``, NNCF's scale estimation in spirit): per group of input channels and
+per output, the ratio by which the group's range is shrunk before its step is taken, chosen from
+:data:`RATIOS` by the layer output error it causes on the calibration inputs.
+
+A group's share of the output error separates: with ``D = W - Q`` restricted to group ``g`` and output ``n``,
+its error is ``d^T H_gg d``, ``H_gg`` the group's diagonal block of the input Hessian
+(:class:`~qptq.weight_only.gptq.HessianAccumulator`). Every candidate is scored for every group and output at
+once; ratio 1 (no clip, round to nearest) is among them, so the search never does worse than it on these
+inputs. The cross-group terms of the Hessian are left out, as the methods this follows do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from qcore.groupwise import check_bits, decode, encode, group_count, group_grid
+
+#: Candidate ratios of the group's range, 1.0 (no clip) included.
+RATIOS = tuple(np.round(np.linspace(0.5, 1.0, 11), 2))
+
+
+def group_errors(weight: NDArray[np.float64], hessian: NDArray[np.float64], bits: int, group_size: int,
+                 symmetric: bool, ratio: float) -> NDArray[np.float64]:
+    """``[groups, N]``: each group's output error ``d^T H_gg d`` when quantized with its range times ``ratio``."""
+    k, n = weight.shape
+    groups = group_count(k, group_size)
+    size = k // groups
+    g = weight.reshape(groups, size, n)
+    step, zero = group_grid(g, bits, symmetric, ratio)
+    zero3 = None if zero is None else zero[:, None, :]
+    d = g - decode(encode(g, step[:, None, :], zero3, bits), step[:, None, :], zero3)
+    blocks = np.stack([hessian[i * size:(i + 1) * size, i * size:(i + 1) * size] for i in range(groups)])
+    return np.einsum("gin,gij,gjn->gn", d, blocks, d)
+
+
+def search_clip(weight: ArrayLike, hessian: ArrayLike, bits: int = 4, group_size: int = 128,
+                symmetric: bool = False, ratios: tuple[float, ...] = RATIOS) -> NDArray[np.float64]:
+    """The ratio of :data:`RATIOS` with the least output error, per group and output (``[groups, N]``), for
+    :func:`qcore.groupwise.quantize_groups`' ``clip``."""
+    check_bits(bits)
+    w, h = np.asarray(weight, np.float64), np.asarray(hessian, np.float64)
+    errors = np.stack([group_errors(w, h, bits, group_size, symmetric, r) for r in ratios])
+    return np.asarray(ratios)[np.argmin(errors, axis=0)]
