@@ -3,9 +3,12 @@ the conv-bias fold and the QDQ writer's zero points; and the whole export of a h
 
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 import onnx
 import onnxruntime as ort
+import paddle
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -131,3 +134,41 @@ def test_unquantize_gives_back_the_grids_and_codes_and_the_export_runs_as_simula
     deployed = _run(exported, {"x": x})[0]
     assert np.linalg.norm(deployed - simulated) / np.linalg.norm(simulated) < 1e-5
     assert graph.op_types() == open_graph(model).op_types()  # the model itself is untouched
+
+
+class FftNet(paddle.nn.Layer):
+    """A conv, then ``paddle.fft.rfft`` over the last axis: ``abs`` of it (paddle2onnx 2.1 writes a graph of the
+    wrong output shape) or its ``real`` part (paddle2onnx 2.1 aborts)."""
+
+    def __init__(self, part: str) -> None:
+        super().__init__()
+        self.part = part
+        self.conv = paddle.nn.Conv2D(3, 4, 1)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        y = paddle.fft.rfft(self.conv(x))
+        return paddle.abs(y) if self.part == "abs" else paddle.real(y)
+
+
+def _save_fft(part: str, directory) -> None:
+    net = FftNet(part)
+    net.eval()
+    paddle.jit.save(net, str(directory / "inference"),
+                    input_spec=[paddle.static.InputSpec([None, 3, 28, 28], "float32", "x")])
+
+
+def test_exports_write_nothing_outside_the_output_and_the_temporary_directory(tmp_path, monkeypatch):
+    save_tiny_net(make_tiny_net(), tmp_path / "float", "pir")
+    _save_fft("real", tmp_path / "crash")
+    work, temp, out = tmp_path / "cwd", tmp_path / "temp", tmp_path / "out"
+    for directory in (work, temp, out):
+        directory.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    export_onnx(tmp_path / "float", out / "tiny.onnx")
+    with pytest.raises(ExportError, match="paddle2onnx could not convert"):
+        export_onnx(tmp_path / "crash", out / "crash.onnx")  # the child aborts
+    assert list(work.iterdir()) == []
+    assert list(temp.iterdir()) == []  # its temporaries are gone, on success and on failure
+    assert [p.name for p in out.iterdir()] == ["tiny.onnx"]

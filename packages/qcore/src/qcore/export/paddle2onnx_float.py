@@ -8,7 +8,10 @@ names as initializer names and names activations ``p2o.pd_op.<op>.<n>.0``. It ru
   caller down; its error line is reported instead;
 * with its graph optimizer off: that optimizer installs packages at run time (onnx-graphsurgeon
   through polygraphy) and may rewrite the weights whose names the QDQ writer looks up; both
-  runtimes optimize the graph themselves when they load it.
+  runtimes optimize the graph themselves when they load it;
+* inside a temporary directory, as its working directory and its ``TMPDIR``: whatever it writes
+  (its intermediate PIR program, files a crash leaves) stays there and is removed with it, whether
+  the conversion succeeds, fails or the child is killed.
 """
 
 from __future__ import annotations
@@ -69,8 +72,10 @@ def float_onnx(files: ModelFiles, opset: int = OPSET) -> onnx.ModelProto:
     with tempfile.TemporaryDirectory(prefix="qcore-p2o-") as tmp:
         out = Path(tmp) / "model.onnx"
         done = subprocess.run(
-            [sys.executable, "-c", _CONVERT, str(files.model_file), str(files.params_file), str(out), str(opset)],
-            capture_output=True, text=True, env={**os.environ, "GLOG_minloglevel": "2"}, check=False,
+            [sys.executable, "-c", _CONVERT, str(files.model_file.resolve()), str(files.params_file.resolve()),
+             str(out), str(opset)],
+            capture_output=True, text=True, cwd=tmp, env={**os.environ, "GLOG_minloglevel": "2", "TMPDIR": tmp},
+            check=False,
         )
         if os.environ.get(PADDLE2ONNX_LOGS_ENV) == "1":
             sys.stderr.write(done.stdout + done.stderr)
