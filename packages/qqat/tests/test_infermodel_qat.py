@@ -12,7 +12,7 @@ from qcore.errors import ConfigError, DataError
 from qcore.inference import predict
 from qcore.model_io import find_model_files, load_model
 from qdemo import demo_model_dir, load_demo_data
-from qqat import export_quant_infermodel, quant_aware_with_infermodel
+from qqat import convert, export_quant_infermodel, quant_aware, quant_aware_with_infermodel
 
 PREFIX = str(demo_model_dir("legacy") / "inference")
 
@@ -94,3 +94,44 @@ def test_bad_paths_and_nodes_are_one_line(tmp_path):
         export_quant_infermodel(exe, None, train_config={"model_path_prefix": PREFIX},
                                 checkpoint_path=tmp_path / "missing")
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+#: PaddleSlim 2.6's quant_aware config as its scripts pass it whole (quanter._quant_config_default's keys)
+SLIM26_CONFIG = {
+    "weight_quantize_type": "channel_wise_abs_max", "activation_quantize_type": "moving_average_abs_max",
+    "weight_bits": 8, "activation_bits": 8, "not_quant_pattern": ["skip_quant"],
+    "quantize_op_types": ["conv2d", "depthwise_conv2d", "mul"], "dtype": "int8", "window_size": 10000,
+    "moving_rate": 0.9, "for_tensorrt": False, "is_full_quantize": False, "onnx_format": True,
+    "quant_post_first": False, "scale_trainable": True, "deploy_backend": "mkldnn",
+}
+
+
+def test_paddleslim26_quant_config_keys_are_accepted_with_their_meaning(tmp_path, caplog):
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    x, _ = load_demo_data("calib")
+    train = {"model_path_prefix": PREFIX, "max_iter": 2, "save_iter_step": 2,
+             "quant_model_ckpt_path": str(tmp_path / "ckpt")}
+    quant_aware_with_infermodel(exe, paddle.CPUPlace(), train_reader=lambda: ({"image": x[i:i + 16]}
+                                                                               for i in range(0, 64, 16)),
+                                quant_config=SLIM26_CONFIG, train_config=train)
+    export_quant_infermodel(exe, paddle.CPUPlace(), quant_config=SLIM26_CONFIG, train_config=train,
+                            checkpoint_path=tmp_path / "ckpt" / "epoch_0_iter_1",
+                            export_inference_model_path_prefix=str(tmp_path / "out" / "model"))
+    program = (tmp_path / "out" / "model.pdmodel").read_bytes()
+    assert b"quantize_linear" in program and b"fake_quantize" not in program  # onnx_format=True's QDQ form
+    with caplog.at_level("WARNING"):
+        quant_aware(_tiny_legacy_program(), paddle.CPUPlace(), {**SLIM26_CONFIG, "scale_trainable": False},
+                    for_test=True)
+    assert "config['scale_trainable']=False has no effect here" in caplog.text
+    for bad, message in [({"onnx_format": False}, "onnx_format=False is not supported"),
+                         ({"deploy_backend": "arm"}, "arm"), ({"quant_post_first": 1}, "quant_post_first")]:
+        with pytest.raises(ConfigError, match=message):
+            convert(_tiny_legacy_program(), paddle.CPUPlace(), {**SLIM26_CONFIG, **bad})
+
+
+def _tiny_legacy_program():
+    with paddle.pir_utils.OldIrGuard():
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup):
+            paddle.static.nn.conv2d(paddle.static.data(name="image", shape=[None, 1, 8, 8], dtype="float32"), 4, 3)
+    return main

@@ -209,6 +209,8 @@ def convert(
     """
     family = _family(program, "convert")
     cfg = static_config(config)
+    if deploy_backend is None and isinstance(config, Mapping):
+        deploy_backend = config.get("deploy_backend")  # PaddleSlim 2.6's config key
     scope = scope or paddle.static.global_scope()
     if family == "legacy":
         deployment = Deployment(deploy_backend, weight_bits=cfg.weight_bits, activation_bits=cfg.activation_bits)
