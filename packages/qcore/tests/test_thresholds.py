@@ -250,14 +250,16 @@ def test_errors():
         search_threshold("mse", [1, 2, 3])
 
 
-def test_abs_max_does_not_depend_on_the_order_data_arrives():
-    """The bin grid starts at the first batch's range, so it differs with the order; abs_max must not."""
-    data = np.random.default_rng(3).standard_normal(8000).astype(np.float32)
+def test_no_threshold_depends_on_the_order_data_arrives():
+    """The bin grid is fixed (powers of two), so the histogram and every threshold read from it are the same."""
+    data = np.random.default_rng(3).standard_normal(8000).astype(np.float32) * np.repeat(np.arange(1, 9), 1000)
     chunks = np.array_split(data, 8)
     forward, backward = HistogramObserver(), HistogramObserver()
     for chunk in chunks:
         forward.update(chunk)
     for chunk in reversed(chunks):
         backward.update(chunk)
-    assert forward.upper != backward.upper  # different grids...
-    assert search_threshold("abs_max", forward) == search_threshold("abs_max", backward) == float(np.abs(data).max())
+    np.testing.assert_array_equal(forward.counts, backward.counts)
+    assert forward.upper == backward.upper == 32.0  # the power of two above the abs max, whatever came first
+    assert thresholds_all_algos(forward) == thresholds_all_algos(backward)
+    assert search_threshold("abs_max", forward) == float(np.abs(data).max())

@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import paddle.distributed as dist
 
 from qcore.errors import QuantError
@@ -18,6 +19,7 @@ from qdemo import demo_model_dir, load_demo_data
 from qptq import quant_post_static
 
 SHARD = 40  # samples per rank; the union is calib[: 2 * SHARD]
+RANGE_RATIO = 3.7  # the "ranges_*" runs: rank r's images times RANGE_RATIO**r
 
 
 def samples(images):
@@ -53,6 +55,9 @@ def main() -> None:
         for algo in ("KL", "abs_max", "hist", "auto"):
             seen[algo] = run(out, rank, algo, mine, algo=algo)
         seen["legacy_KL"] = run(out, rank, "legacy_KL", mine, family="legacy", algo="KL")
+        spread = mine * np.float32(RANGE_RATIO**rank)  # the ranks' activation ranges 3.7x apart
+        for algo in ("KL", "hist"):
+            seen[f"ranges_{algo}"] = run(out, rank, f"ranges_{algo}", spread, algo=algo)
         seen["empty"] = run(out, rank, "empty", mine if rank == 0 else mine[:0], algo="KL")
         bad = mine.copy()
         if rank == 1:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from qdemo import demo_model_dir, load_demo_data
@@ -20,6 +21,7 @@ from qptq import quant_post_static
 
 WORKER = Path(__file__).with_name("dist_ptq_worker.py")
 SHARD = 40
+RANGE_RATIO = 3.7  # dist_ptq_worker's "ranges_*" runs: rank r's images times RANGE_RATIO**r
 TIMEOUT = 150  # seconds for one 2-process launch (about 25 s on an idle 2-core machine)
 
 
@@ -80,6 +82,18 @@ def test_sharded_abs_max_writes_single_process_bytes_every_launch(tmp_path, laun
     assert rank0["uneven"]["samples"] == 64 and rank0["uneven"]["batches"] == 9  # 4 + 5 batches, two short
     assert files(out / "uneven") == files(tmp_path / "single")
     assert report["samples"] == 64
+
+
+@pytest.mark.parametrize("algo", ["KL", "hist"])
+def test_shards_of_different_ranges_equal_one_process_reading_them_in_another_order(main_run, algo):
+    """Rank 1's images are 3.7x rank 0's, and one process reads rank 1's shard first: its histograms start from
+    another range than rank 0's first batch, yet the thresholds and the saved bytes are the same."""
+    tmp, out, (rank0, rank1) = main_run
+    calib, _ = load_demo_data("calib")
+    images = np.concatenate([calib[SHARD: 2 * SHARD] * np.float32(RANGE_RATIO), calib[:SHARD]])
+    expected = single(tmp, f"single_ranges_{algo}", images, algo=algo)
+    assert rank0[f"ranges_{algo}"]["thresholds"] == rank1[f"ranges_{algo}"]["thresholds"] == expected
+    assert files(out / f"ranges_{algo}") == files(tmp / f"single_ranges_{algo}")
 
 
 def test_every_histogram_algorithm_agrees_with_single_process(main_run):

@@ -273,14 +273,18 @@ class RangeAbsMaxObserver(Observer):
 
 
 class HistogramObserver(Observer):
-    """One-pass histogram of ``|x|`` over ``[0, upper]`` in ``bins`` equal bins, plus batch abs-max stats.
+    """One-pass histogram of ``|x|`` over ``[0, upper)`` in ``bins`` equal bins, plus batch abs-max stats.
 
-    The first batch sets ``upper`` to its abs max. A later batch beyond ``upper`` doubles the range
-    until it covers the batch, and existing counts are re-binned by summing adjacent bins (bin ``i``
-    goes to ``i // 2**k``), so no data is seen twice. The last bin is closed (holds ``upper``).
-    It also keeps the exact ``max_abs``, the sum of per-batch abs maxes (``avg_abs_max``) and the
-    signed ``min`` / ``max`` (for asymmetric grids, :func:`qcore.quant.asymmetric_range`), so one
-    calibration pass can score every algorithm of :mod:`qcore.thresholds`.
+    ``upper`` is always the smallest power of two above the abs max seen (0 before any non-zero
+    value), and ``bins`` a power of two, so every bin edge sits on one fixed grid: a value's bin is
+    ``floor(|x| * bins / upper)`` computed without rounding, and when the range doubles ``k`` times
+    bin ``i`` moves to ``i >> k``, which is where direct binning would put it. The counts are
+    therefore a function of the values alone, whatever the batch order, and merging observers that
+    saw parts of the data (:meth:`merge`, sharded calibration) gives exactly the histogram of one
+    observer over all of it. It also keeps the exact ``max_abs``, the per-batch abs maxes' sum
+    (exact, for ``avg_abs_max``) and the signed ``min`` / ``max`` (for asymmetric grids,
+    :func:`qcore.quant.asymmetric_range`), so one calibration pass can score every algorithm of
+    :mod:`qcore.thresholds`.
     """
 
     kind = "hist"
@@ -291,21 +295,21 @@ class HistogramObserver(Observer):
         "max_abs": float,
         "min": float,
         "max": float,
-        "batch_abs_max_sum": float,
+        "batch_abs_max_total": int,  # in units of 2**-1074, the smallest float64: an exact sum
         "batches": int,
         "count": int,
     }
 
     def __init__(self, bins: int = 2048) -> None:
-        if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
-            raise ConfigError(f"bins={bins!r} is invalid; use a positive integer, e.g. 2048")
+        if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1 or bins & (bins - 1):
+            raise ConfigError(f"bins={bins!r} is invalid; use a power of two (the grid doubles exactly), e.g. 2048")
         self.bins = int(bins)
         self.counts = np.zeros(self.bins, dtype=np.int64)
         self.upper = 0.0
         self.max_abs = 0.0
         self.min = 0.0
         self.max = 0.0
-        self.batch_abs_max_sum = 0.0
+        self.batch_abs_max_total = 0
         self.batches = 0
         self.count = 0
 
@@ -315,37 +319,26 @@ class HistogramObserver(Observer):
 
     @property
     def avg_abs_max(self) -> float:
-        """Mean of the per-batch abs max (the statistic of the ``avg`` algorithm)."""
+        """Mean of the per-batch abs max (the statistic of the ``avg`` algorithm), correctly rounded."""
         self._require_data()
-        return self.batch_abs_max_sum / self.batches
+        return self.batch_abs_max_total / (self.batches << _SUBNORMAL_BITS)
 
     def _load(self, state: dict[str, Any]) -> None:
         super()._load(state)
         if self.counts.shape != (self.bins,):
             raise DataError(f"state has {self.counts.size} counts for bins={self.bins}; pass an unmodified state")
+        if self.upper != 0.0 and math.frexp(self.upper)[0] != 0.5:
+            raise DataError(f"state has upper={self.upper!r}, not a power of two; recalibrate (the state is "
+                            "from an older qcore, whose histogram grid started at the first batch's abs max)")
 
-    def _index(self, values: NDArray[np.floating], upper: float) -> NDArray[np.int64]:
-        if upper == 0.0:
-            return np.zeros(values.shape, dtype=np.int64)
-        index = (values * np.float64(self.bins / upper)).astype(np.int64)  # values >= 0: truncation is floor
-        return np.minimum(index, self.bins - 1, out=index)
-
-    def _rebin(self, counts: NDArray[np.int64], upper_from: float) -> NDArray[np.int64]:
-        """Move ``counts`` binned over ``[0, upper_from]`` onto this grid by bin centre (exact for 2**k ratios)."""
-        ratio = upper_from / self.upper if self.upper > 0 else 0.0
-        idx = np.minimum(np.floor((np.arange(self.bins) + 0.5) * ratio), self.bins - 1).astype(np.int64)
-        return np.bincount(idx, weights=counts, minlength=self.bins).astype(np.int64)
-
-    def _grow(self, new_max: float) -> None:
+    def _rebinned(self, upper: float) -> NDArray[np.int64]:
+        """The counts on the grid of ``upper`` (this range times ``2**k``): bin ``i`` goes to ``i >> k``."""
         if self.upper == 0.0:  # everything seen so far is 0 and sits in bin 0 whatever the range
-            self.upper = new_max
-            return
-        k = max(0, math.ceil(math.log2(new_max / self.upper)))
-        while self.upper * 2.0**k < new_max:
-            k += 1
-        old = self.upper
-        self.upper = old * 2.0**k
-        self.counts = self._rebin(self.counts, old)
+            return self.counts.copy()
+        step = min(round(upper / self.upper), self.bins)
+        counts = np.zeros_like(self.counts)
+        counts[: self.bins // step] = self.counts.reshape(-1, step).sum(axis=1)
+        return counts
 
     def update(self, array: ArrayLike) -> None:
         a = np.asarray(array)
@@ -357,26 +350,27 @@ class HistogramObserver(Observer):
         m = max(-lo, hi)  # the abs max, without another pass over the batch
         a = np.abs(a).ravel()
         self.min, self.max = (min(self.min, lo), max(self.max, hi)) if self.count else (lo, hi)
-        if m > self.upper:
-            self._grow(m)
-        self.counts += np.bincount(self._index(a, self.upper), minlength=self.bins)
+        if m >= self.upper and m > 0.0:
+            upper = _power_of_two_above(m)
+            self.counts, self.upper = self._rebinned(upper), upper
+        if self.upper > 0.0:  # bins and upper are powers of two: the scaling is exact, |x| < upper
+            self.counts += np.bincount((a * np.float64(self.bins / self.upper)).astype(np.int64),
+                                       minlength=self.bins)
+        else:
+            self.counts[0] += a.size
         self.max_abs = max(self.max_abs, m)
-        self.batch_abs_max_sum += m
+        self.batch_abs_max_total += _exact(m)
         self.batches += 1
         self.count += a.size
 
     def _merge(self, other: HistogramObserver) -> None:
-        """Grow this range by powers of two until it covers ``other``'s, then add ``other``'s counts.
-
-        ``other``'s bins move by their centre: exact when the ranges differ by a power of two,
-        otherwise a value may land one bin away from where direct binning would put it.
-        """
-        if other.upper > self.upper:
-            self._grow(other.upper)
-        self.counts = self.counts + self._rebin(other.counts, other.upper)
+        """Bring both histograms to the larger range (both powers of two) and add the counts: exact."""
+        upper = max(self.upper, other.upper)
+        self.counts = self._rebinned(upper) + other._rebinned(upper)
+        self.upper = upper
         self.max_abs = max(self.max_abs, other.max_abs)
         self.min, self.max = min(self.min, other.min), max(self.max, other.max)
-        self.batch_abs_max_sum += other.batch_abs_max_sum
+        self.batch_abs_max_total += other.batch_abs_max_total
         self.batches += other.batches
         self.count += other.count
 
@@ -384,6 +378,21 @@ class HistogramObserver(Observer):
         """Threshold chosen by ``algo`` (see :func:`qcore.thresholds.search_threshold`)."""
         self._require_data()
         return search_threshold(algo, self, bits, **opts)
+
+
+#: Every finite float64 is an integer multiple of ``2**-_SUBNORMAL_BITS``.
+_SUBNORMAL_BITS = 1074
+
+
+def _exact(value: float) -> int:
+    """``value`` (a finite float) in units of ``2**-1074``, exactly: sums of these do not depend on the order."""
+    numerator, denominator = float(value).as_integer_ratio()  # denominator: a power of two <= 2**1074
+    return numerator << (_SUBNORMAL_BITS - denominator.bit_length() + 1)
+
+
+def _power_of_two_above(value: float) -> float:
+    """The smallest power of two strictly above ``value`` (> 0)."""
+    return math.ldexp(1.0, math.frexp(value)[1])
 
 
 OBSERVERS: dict[str, type[Observer]] = {

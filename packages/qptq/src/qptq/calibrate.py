@@ -91,23 +91,19 @@ def calibrate(
     progress: bool = False,
     channel_means: dict[str, ChannelMean] | None = None,
     keep_samples: int = 0,
-    observers: dict[str, HistogramObserver] | None = None,
 ) -> Calibration:
     """Run ``graph`` over ``batches`` and observe every target activation.
 
     ``channel_means`` (by activation name) are updated in the same pass (for bias correction).
     ``keep_samples``: also keep the first that many samples (rows of axis 0) of each activation,
     for the layer-wise methods (``algo="auto"``, AdaRound); memory grows with it, not with batches.
-    ``observers`` (by activation name): start from these instead of empty ones (sharded calibration
-    seeds them with a histogram range shared by every rank, :mod:`qptq.sharded`).
     """
     unique: dict[str, Operand] = {}
     for target in targets:
         for operand in target.activations:
             unique.setdefault(operand.name, operand)
     names = list(unique)
-    start = observers or {}
-    result = Calibration({n: start.get(n) or HistogramObserver() for n in names}, dict(channel_means or {}))
+    result = Calibration({n: HistogramObserver() for n in names}, dict(channel_means or {}))
     result.activation_samples = {n: [] for n in names} if keep_samples > 0 else {}
     fetch = [unique[n].value for n in names]
     iterator = _progress(batches) if progress else batches

@@ -5,26 +5,23 @@ initialised with more than one process (``distributed=False`` turns it off). Eve
 
 1. checks that all ranks quantize the same model with the same settings (a mismatch is a
    :class:`~qcore.errors.ConfigError` on every rank, before any calibration or output);
-2. agrees on the histogram grid: the lowest rank with data runs its first batch and shares
-   each activation's abs max; every rank starts its histograms with that range
-   (:class:`~qcore.observers.HistogramObserver` grows it by doubling, so all ranks' ranges then
-   differ by powers of two and merging them re-bins exactly);
-3. calibrates its own batches, then all ranks exchange their statistics and merge them in rank
-   order, so all end with the same observers and therefore the same thresholds.
+2. calibrates its own batches;
+3. exchanges its statistics with every other rank and merges them in rank order, so all end with
+   the same observers and therefore the same thresholds.
 
-Why the shared start: a histogram's range starts at the first batch's abs max and doubles, so
-two ranks that start from their own first batches have grids that are not powers of two apart,
-and merging them would move counts by up to one bin. A single process reading rank 0's data
-then rank 1's starts from rank 0's first batch: the same range the ranks share here, so the
-merged histogram, and every threshold read from it (``abs_max``, ``hist``, ``KL``, ``mse``,
-``emd``), equals the single-process one. ``avg`` (the mean of per-batch abs maxes) equals it up
-to float summation order. A rank with no data contributes nothing.
+The merge is exact by construction, not by the luck of the data: a
+:class:`~qcore.observers.HistogramObserver`'s bins sit on one fixed power-of-two grid and its
+counts are integers, so its histogram is a function of the values it saw, not of their order or
+of how they were split; the per-batch abs max sum (``avg``) is an exact integer sum too. The
+merged observers, and every threshold read from them (``abs_max``, ``hist``, ``KL``, ``mse``,
+``emd``, ``avg``), are those of one process calibrating the same batches in any order. The bias
+correction's channel means are float64 sums: equal to one process's up to summation order
+(about 1e-16 relative). A rank with no data contributes nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -98,34 +95,21 @@ def _calibrate_ranks(config: PTQConfig, model: Model, graph: Graph, targets: lis
     check_same("quantization settings", settings(config), "pass the same arguments on every rank")
     check_same("model", model_identity(model), "load the same model on every rank")
     rank, _ = world()
-    stream = iter(batches)
-    first, problem = None, None
+    local, problem = None, None
     try:
-        first = next(stream)
+        local = calibrate(graph, targets, batches, progress=progress, channel_means=channel_means,
+                          keep_samples=keep_samples)
     except DataError as exc:
-        if not str(exc).startswith(EMPTY):  # an empty shard is allowed: it contributes nothing
+        if str(exc).startswith(EMPTY):  # an empty shard is allowed: it contributes nothing
+            local = calibrate(graph, targets, [], channel_means=channel_means)
+        else:
             problem = exc
-    has_data = _gather_or_raise((first is not None, problem), "which ranks have calibration data")
-    if not any(has_data):
-        raise DataError("no rank has calibration data; give at least one rank a non-empty shard")
-    seed_rank = has_data.index(True)
-    ranges = None
-    if rank == seed_rank:
-        assert first is not None
-        try:
-            probe = calibrate(graph, targets, [first])
-            ranges = {name: obs.upper for name, obs in probe.observers.items()}
-        except QuantError as exc:
-            problem = exc
-    ranges = _gather_or_raise((ranges, problem), "histogram ranges")[seed_rank]
-    local = None
-    try:
-        local = calibrate(graph, targets, [] if first is None else chain([first], stream), progress=progress,
-                          channel_means=channel_means, keep_samples=keep_samples, observers=_seeded(ranges))
     except QuantError as exc:  # told to every rank, so none waits for this one
         problem = exc
     summary = None if local is None else (_portable(local, rows=0), local.samples_kept)
     gathered = _gather_or_raise((summary, problem), "calibration statistics")
+    if not any(part["batches"] for part, _ in gathered):
+        raise DataError("no rank has calibration data; give at least one rank a non-empty shard")
     parts = [part for part, _ in gathered]
     if keep_samples and local is not None:  # kept samples: only the rows the lowest ranks need travel
         room = max(0, keep_samples - sum(kept for _, kept in gathered[:rank]))
@@ -147,15 +131,6 @@ def _gather_or_raise(mine: tuple[Any, QuantError | None], what: str) -> list[Any
         other, msg = failed[0]
         raise DistributedError(f"rank {rank}: stopped because rank {other} failed during {what}: {msg}")
     return [v for v, _ in gathered]
-
-
-def _seeded(ranges: dict[str, float]) -> dict[str, HistogramObserver]:
-    observers = {}
-    for name, upper in ranges.items():
-        obs = HistogramObserver()
-        obs.upper = upper  # empty, with the shared range: the first batch bins (or doubles) from it
-        observers[name] = obs
-    return observers
 
 
 def _portable(c: Calibration, rows: int | None = None) -> dict[str, Any]:
