@@ -53,3 +53,52 @@ def matmul_nbits(
     node = helper.make_node("MatMulNBits", inputs, [y], name=name, domain=MS_DOMAIN, K=k, N=n, bits=q.bits,
                             block_size=block, accuracy_level=accuracy_level)
     return node, inits
+
+
+def replace_matmuls(model: Any, codes: dict[str, GroupCodes], input_scales: dict[str, np.ndarray] | None = None,
+                    accuracy_level: int = INT8_ACTIVATIONS) -> int:
+    """Replace, in the ONNX ``model`` (paddle2onnx's float export: weights as initializers or ``Constant`` nodes,
+    under their Paddle names), every ``MatMul`` whose weight is named in ``codes`` by ``MatMulNBits``, after a
+    ``Mul`` by ``1 / input_scales[name]`` where there is one (AWQ's scales). Returns how many were replaced;
+    one :class:`~qcore.errors.ExportError` line names a weight of ``codes`` that no MatMul reads."""
+    from onnx import helper, numpy_helper
+
+    from ..errors import ExportError
+
+    input_scales = input_scales or {}
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    readers: dict[str, int] = {}
+    for n in graph.node:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
+    nodes = []
+    done: set[str] = set()
+    for node in graph.node:
+        weight = node.input[1] if node.op_type == "MatMul" else None
+        if weight not in codes or readers.get(weight, 0) != 1 or weight in done:
+            nodes.append(node)
+            continue
+        a = node.input[0]
+        if weight in input_scales:
+            scaled = f"{weight}.awq_input"
+            inverse = (1.0 / input_scales[weight]).astype(np.float32)
+            graph.initializer.append(numpy_helper.from_array(inverse, f"{weight}.awq_inverse"))
+            nodes.append(helper.make_node("Mul", [a, f"{weight}.awq_inverse"], [scaled], name=f"{weight}.awq"))
+            a = scaled
+        packed, new_inits = matmul_nbits(codes[weight], a, node.output[0], f"{weight}.nbits", accuracy_level)
+        nodes.append(packed)
+        graph.initializer.extend(new_inits)
+        done.add(weight)
+    missing = sorted(set(codes) - done)
+    if missing:
+        raise ExportError(f"no MatMul of the ONNX graph reads {missing[0]!r} alone ({len(missing)} weights in all); "
+                          "a weight shared by several ops or transposed first stays float")
+    kept = [n for n in nodes if not (n.op_type == "Constant" and n.output[0] in done)]
+    del graph.node[:]
+    graph.node.extend(kept)
+    for name in done & set(inits):
+        graph.initializer.remove(inits[name])
+    if not any(o.domain == MS_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    return len(done)

@@ -1,0 +1,215 @@
+"""Weight-only quantization of a ``paddle.nn.Layer`` in one call: ``quantize_(model, WeightOnlyConfig(...),
+calibration)``.
+
+Every ``paddle.nn.Linear`` (``[in, out]`` weight) whose name does not match ``skip`` gets group-wise codes
+chosen by the configured algorithms, run in NNCF's order: AWQ-style scales (:mod:`.awq`, shared by the
+linears that read one tensor, such as q / k / v), then clip search (:mod:`.clip_search`) or GPTQ
+(:mod:`.gptq`) on the scaled weight. Calibration runs the float model once over the given batches with a
+pre-hook on each linear summing its input Hessian (memory: one ``[in, in]`` float64 matrix per linear, flat
+in the number of batches); round to nearest needs none. Every input Hessian comes from the float model (the
+linears are not re-run one after another on quantized predecessors, as GPTQ's reference implementation does).
+
+The layer afterwards computes the simulation: each linear's weight holds the dequantized codes (divided by
+its AWQ scales), and :data:`WeightOnlyResult.codes` keeps the codes by weight name for the ONNX writers
+(:func:`qcore.export.nbits.replace_matmuls`). The model is changed in place, as ``torchao.quantize_`` does.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from qcore.config import validate_choice
+from qcore.errors import ConfigError, DataError
+from qcore.groupwise import GroupCodes, check_bits, group_count, quantize_groups
+
+from .awq import search_scales
+from .clip_search import search_clip
+from .gptq import HessianAccumulator, gptq
+
+ALGOS = ("rtn", "gptq")
+
+
+@dataclass(frozen=True)
+class WeightOnlyConfig:
+    """What :func:`quantize_` does: ``bits`` 4 or 8; ``group_size`` input channels per step (-1: per output
+    channel); asymmetric (zero points) unless ``symmetric``; ``algo`` ``"rtn"`` (round to nearest) or
+    ``"gptq"``; ``awq`` activation-aware scales first; ``clip_search`` per-group range search (with
+    ``"rtn"``); linears whose full name matches one of the ``skip`` regular expressions stay float."""
+
+    bits: int = 4
+    group_size: int = 128
+    symmetric: bool = False
+    algo: str = "rtn"
+    awq: bool = False
+    clip_search: bool = False
+    skip: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        check_bits(self.bits)
+        validate_choice("algo", self.algo, ALGOS)
+        if self.clip_search and self.algo == "gptq":
+            raise ConfigError("clip_search chooses the grids GPTQ chooses itself; use it with algo='rtn'")
+        for pattern in self.skip:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"skip pattern {pattern!r} is not a regular expression: {exc}") from None
+
+    @property
+    def calibrated(self) -> bool:
+        return self.algo == "gptq" or self.awq or self.clip_search
+
+
+@dataclass
+class LayerReport:
+    name: str
+    weight: str
+    shape: tuple[int, int]
+    bits: int
+    group_size: int
+    output_error: float | None  # relative layer output error on the calibration inputs (None without them)
+    awq_alpha: float | None = None
+
+
+@dataclass
+class WeightOnlyResult:
+    """What :func:`quantize_` did: codes (and AWQ input scales) by weight name, a row per linear."""
+
+    codes: dict[str, GroupCodes] = field(default_factory=dict)
+    input_scales: dict[str, np.ndarray] = field(default_factory=dict)  # weight name -> divide the input by it
+    layers: list[LayerReport] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def size_bytes(self) -> int:
+        """Bytes of the codes (packed), steps (fp32) and zero points (packed) of every quantized linear."""
+        total = 0
+        for q in self.codes.values():
+            k, n = q.codes.shape
+            groups = k // q.group_size
+            zero_bytes = 0 if q.zero_points is None else -(-groups * n * q.bits // 8)
+            total += k * n * q.bits // 8 + groups * n * 4 + zero_bytes
+        return total
+
+
+def _linears(model: Any, skip: Sequence[str]) -> list[tuple[str, Any]]:
+    import paddle
+
+    found = [(name, layer) for name, layer in model.named_sublayers()
+             if isinstance(layer, paddle.nn.Linear) and not any(re.search(p, name) for p in skip)]
+    if not found:
+        raise ConfigError("the model has no paddle.nn.Linear outside the skip patterns; nothing to quantize "
+                          "(weight-only quantization takes Linear layers)")
+    return found
+
+
+def _calibrate(model: Any, linears: list[tuple[str, Any]], batches: Iterable[Any],
+               run: Callable[[Any, Any], Any]) -> tuple[dict[str, HessianAccumulator], list[list[str]]]:
+    """Input Hessians of every linear over ``batches``, and the linears that read one tensor (by first batch)."""
+    import paddle
+
+    sums = {name: HessianAccumulator(int(layer.weight.shape[0])) for name, layer in linears}
+    readers: dict[int, list[str]] = {}
+    first = [True]
+
+    def hook(name: str) -> Callable[[Any, tuple[Any, ...]], None]:
+        def pre(layer: Any, inputs: tuple[Any, ...]) -> None:
+            sums[name].update(inputs[0].numpy())
+            if first[0]:
+                readers.setdefault(id(inputs[0]), []).append(name)
+        return pre
+
+    handles = [layer.register_forward_pre_hook(hook(name)) for name, layer in linears]
+    try:
+        with paddle.no_grad():
+            for batch in batches:
+                run(model, batch)
+                first[0] = False
+    finally:
+        for handle in handles:
+            handle.remove()
+    unused = [name for name, acc in sums.items() if not acc.rows]
+    if len(unused) == len(sums):
+        raise DataError("the calibration batches reached no linear layer; check that they are the model's inputs")
+    if unused:
+        raise DataError(f"the calibration batches never reached {unused[0]!r} ({len(unused)} linears in all); "
+                        "pass batches that run every layer, or skip those layers")
+    return sums, list(readers.values())
+
+
+def _default_run(model: Any, batch: Any) -> Any:
+    import paddle
+
+    items = batch if isinstance(batch, (list, tuple)) else (batch,)
+    return model(*(paddle.to_tensor(x) if isinstance(x, np.ndarray) else x for x in items))
+
+
+def quantize_(model: Any, config: WeightOnlyConfig, calibration: Iterable[Any] | None = None, *,
+              run: Callable[[Any, Any], Any] = _default_run, progress: Callable[[str], None] | None = None
+              ) -> WeightOnlyResult:
+    """Quantize the weights of ``model``'s linears in place; return the codes and a report.
+
+    ``calibration``: batches of the model's inputs (arrays or tensors; a tuple per batch for several inputs),
+    needed by GPTQ, AWQ and clip search; ``run(model, batch)`` calls the model on one.
+    """
+    import paddle
+
+    start = time.perf_counter()
+    linears = _linears(model, config.skip)
+    for _, layer in linears:
+        group_count(int(layer.weight.shape[0]), config.group_size)  # a bad group size fails before any work
+    if config.calibrated and calibration is None:
+        raise ConfigError(f"algo={config.algo!r}{', awq' if config.awq else ''}"
+                          f"{', clip_search' if config.clip_search else ''} needs calibration batches; pass "
+                          "calibration=... (a few hundred sequences) or use algo='rtn'")
+    hessians: dict[str, HessianAccumulator] = {}
+    shared: list[list[str]] = [[name] for name, _ in linears]
+    if calibration is not None:
+        hessians, shared = _calibrate(model, linears, calibration, run)
+    by_name = dict(linears)
+    result = WeightOnlyResult()
+    for names in shared:
+        weights = {n: by_name[n].weight.numpy().astype(np.float64) for n in names}
+        h = hessians[names[0]].hessian() if hessians else None
+        scales = None
+        alpha = None
+        if config.awq:
+            found = search_scales(list(weights.values()), h, config.bits, config.group_size, config.symmetric)
+            scales, alpha = found.scales, found.alpha
+        for n in names:
+            w = weights[n]
+            hn = h
+            if scales is not None:  # the weight rows times s read the input divided by s: its Hessian scales too
+                w = w * scales[:, None]
+                hn = h / np.outer(scales, scales)
+            if config.algo == "gptq":
+                codes = gptq(w, hn, config.bits, config.group_size, config.symmetric)
+            else:
+                clip = search_clip(w, hn, config.bits, config.group_size, config.symmetric) if config.clip_search \
+                    else 1.0
+                codes = quantize_groups(w, config.bits, config.group_size, config.symmetric, clip)
+            effective = codes.dequantize().astype(np.float64)
+            if scales is not None:
+                effective = effective / scales[:, None]
+            layer = by_name[n]
+            original = weights[n]
+            error = None
+            if h is not None:
+                d = effective - original
+                error = float(np.sqrt(np.einsum("in,ij,jn->", d, h, d)
+                                      / np.einsum("in,ij,jn->", original, h, original)))
+            layer.weight.set_value(paddle.to_tensor(effective.astype(np.float32)))
+            result.codes[layer.weight.name] = codes
+            if scales is not None:
+                result.input_scales[layer.weight.name] = scales.astype(np.float32)
+            result.layers.append(LayerReport(n, layer.weight.name, tuple(original.shape), config.bits,
+                                             codes.group_size, error, alpha))
+            if progress is not None:
+                progress(n)
+    result.seconds = time.perf_counter() - start
+    return result

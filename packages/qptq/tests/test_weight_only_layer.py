@@ -1,0 +1,123 @@
+"""quantize_(layer, WeightOnlyConfig(...)) on a small decoder-like block: the algorithms' layer errors, shared
+AWQ scales, and the MatMulNBits export computing the simulation on ONNX Runtime and the OpenVINO runtime."""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+
+from qcore.errors import ConfigError, DataError
+from qptq.weight_only.layer import WeightOnlyConfig, quantize_
+
+onnx = pytest.importorskip("onnx")
+F = paddle.nn.functional
+
+
+class Block(paddle.nn.Layer):
+    """q / k / v reading one normalised input, an output projection, a GELU MLP: the linears of a decoder layer."""
+
+    def __init__(self, dim: int = 64, hidden: int = 128) -> None:
+        super().__init__()
+        self.norm = paddle.nn.LayerNorm(dim)
+        self.q, self.k, self.v = (paddle.nn.Linear(dim, dim, bias_attr=False) for _ in range(3))
+        self.o = paddle.nn.Linear(dim, dim)
+        self.up = paddle.nn.Linear(dim, hidden)
+        self.down = paddle.nn.Linear(hidden, dim, bias_attr=False)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        h = self.norm(x) * self.gain
+        x = x + self.o(self.q(h) * F.sigmoid(self.k(h)) + self.v(h))
+        return x + self.down(F.gelu(self.up(x)))
+
+
+def _model() -> Block:
+    paddle.seed(0)
+    block = Block()
+    gain = np.ones(64, np.float32)
+    gain[[2, 9, 30]] = 20.0  # channels with large activations, as LLM hidden states have
+    block.gain = paddle.to_tensor(gain)
+    block.eval()
+    return block
+
+
+def _batches(seed: int, count: int = 6) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((2, t, 64)).astype("float32") for t in rng.integers(5, 17, count)]  # shapes differ
+
+
+def _error(model, float_out, x) -> float:
+    out = model(paddle.to_tensor(x)).numpy()
+    return float(np.linalg.norm(out - float_out) / np.linalg.norm(float_out))
+
+
+def test_each_algorithm_keeps_the_block_and_gptq_and_awq_beat_round_to_nearest():
+    x = np.concatenate([b.reshape(-1, 64) for b in _batches(9)])[None]
+    float_out = _model()(paddle.to_tensor(x)).numpy()
+    errors = {}
+    for name, config in {"rtn": WeightOnlyConfig(group_size=32), "gptq": WeightOnlyConfig(group_size=32, algo="gptq"),
+                         "awq": WeightOnlyConfig(group_size=32, awq=True, clip_search=True),
+                         "int8": WeightOnlyConfig(bits=8, group_size=32)}.items():
+        model = _model()
+        result = quantize_(model, config, _batches(1) if config.calibrated else None)
+        assert len(result.codes) == 6 and {layer.bits for layer in result.layers} == {config.bits}
+        errors[name] = _error(model, float_out, x)
+        if name == "awq":  # q, k and v read one tensor: one set of scales, the outlier channels scaled most
+            scales = result.input_scales
+            shared = {scales[model.q.weight.name].tobytes(), scales[model.k.weight.name].tobytes()}
+            assert len(shared) == 1 and result.input_scales[model.q.weight.name][[2, 9, 30]].min() > 1
+    assert errors["int8"] < 0.01 < errors["rtn"] < 0.2
+    # the block's output keeps its residual path float, which dilutes each layer's gain (per layer: test_gptq.py)
+    assert errors["gptq"] < 0.9 * errors["rtn"] and errors["awq"] < 0.85 * errors["rtn"], errors
+
+
+@pytest.mark.parametrize("config", [WeightOnlyConfig(group_size=32, algo="gptq"),
+                                    WeightOnlyConfig(group_size=64, awq=True, symmetric=True),
+                                    WeightOnlyConfig(bits=8, group_size=-1)], ids=["gptq", "awq-sym", "int8"])
+def test_the_matmul_nbits_export_computes_the_simulation_on_both_runtimes(tmp_path, config):
+    import onnxruntime as ort
+
+    from qcore.export.nbits import FLOAT_ACTIVATIONS, INT8_ACTIVATIONS, replace_matmuls
+    from qcore.export.paddle2onnx_float import float_onnx
+    from qcore.model_io import find_model_files
+
+    model = _model()
+    result = quantize_(model, config, _batches(1))
+    spec = [paddle.static.InputSpec([None, None, 64], "float32", "x")]
+    paddle.jit.save(model, str(tmp_path / "sim" / "inference"), input_spec=spec)
+    x = _batches(5, 1)[0]
+    simulated = model(paddle.to_tensor(x)).numpy()
+    outputs = {}
+    for level in (FLOAT_ACTIVATIONS, INT8_ACTIVATIONS):
+        exported = float_onnx(find_model_files(tmp_path / "sim"))
+        assert replace_matmuls(exported, result.codes, result.input_scales, level) == 6
+        kinds = [n.op_type for n in exported.graph.node]
+        assert kinds.count("MatMulNBits") == 6 and "MatMul" not in kinds
+        path = tmp_path / f"level{level}.onnx"
+        onnx.save(exported, str(path))
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        outputs[level] = session.run(None, {"x": x})[0]
+    relative = {k: float(np.linalg.norm(v - simulated) / np.linalg.norm(simulated)) for k, v in outputs.items()}
+    # int8 activations per block: the 20x channels set their blocks' steps, ~2 % of the output
+    assert relative[FLOAT_ACTIVATIONS] < 1e-5 and relative[INT8_ACTIVATIONS] < 5e-2, relative
+    ov = pytest.importorskip("openvino")
+    compiled = ov.Core().compile_model(str(tmp_path / f"level{FLOAT_ACTIVATIONS}.onnx"), "CPU",
+                                       {"INFERENCE_PRECISION_HINT": "f32"})
+    deployed = compiled({"x": x})[compiled.outputs[0]]
+    assert np.linalg.norm(deployed - simulated) / np.linalg.norm(simulated) < 2e-2
+
+
+def test_bad_weight_only_input_is_one_line_before_any_work():
+    with pytest.raises(ConfigError, match=r"weight_bits=3 is not supported"):
+        WeightOnlyConfig(bits=3)
+    with pytest.raises(ConfigError, match=r"group_size=48 does not divide the 64 input channels; use one of \[32, 64"):
+        quantize_(_model(), WeightOnlyConfig(group_size=48))
+    with pytest.raises(ConfigError, match="needs calibration batches"):
+        quantize_(_model(), WeightOnlyConfig(group_size=32, algo="gptq"))
+    with pytest.raises(ConfigError, match="no paddle.nn.Linear"):
+        quantize_(paddle.nn.Sequential(paddle.nn.ReLU()), WeightOnlyConfig())
+    model = _model()
+    before = model.q.weight.numpy().copy()
+    with pytest.raises(DataError, match="reached no linear layer"):
+        quantize_(model, WeightOnlyConfig(group_size=32, algo="gptq"), [], run=lambda m, b: None)
+    np.testing.assert_array_equal(model.q.weight.numpy(), before)  # nothing changed
