@@ -75,7 +75,7 @@ def create_predictor(
     if made_for is not None:
         warnings.warn(f"{files.model_file}: {made_for}", stacklevel=2)
     problem = target.host_problem()
-    if problem is not None and (b"quantize_linear" in program or b"fake_quantize" in program):  # a QDQ model
+    if problem is not None and holds_quantization(program):
         warnings.warn(f"{files.model_file}: {problem}", stacklevel=2)
     files = target.predictor_files(files)
     if files.params_file is None:
@@ -87,6 +87,18 @@ def create_predictor(
     target.configure(config, threads)
     with native_output_quiet(os.environ.get(PADDLE_LOGS_ENV) != "1"):  # the passes print ~100 lines otherwise
         return inference.create_predictor(config)
+
+
+#: Op type names only a quantized program holds, as bytes of its saved file: Paddle's QDQ and fake-quant ops
+#: (``dequantize_linear`` too), ONNX's QDQ (``DequantizeLinear``, ``DynamicQuantizeLinear``), integer and
+#: block-quantized ops.
+QUANTIZED_OPS = (b"quantize_linear", b"fake_quantize", b"QuantizeLinear", b"MatMulInteger", b"ConvInteger",
+                 b"MatMulNBits", b"QLinear", b"GatherBlockQuantized")
+
+
+def holds_quantization(program: bytes) -> bool:
+    """Whether a saved program (Paddle, either IR, or an ONNX file's bytes) holds quantization ops."""
+    return any(op in program for op in QUANTIZED_OPS)
 
 
 def run_predictor(predictor: Predictor, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:

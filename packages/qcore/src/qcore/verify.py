@@ -14,11 +14,12 @@ This module sits on top of qcore: it imports :mod:`qcore.scoring`, :mod:`qcore.i
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .deploy import DeployTarget, get_target, host
+from .deploy import DeployTarget, OnnxTarget, get_target, host
 from .inference import Predictor, create_predictor, run_predictor
 from .model_io import Model, ModelFiles, load_model
 from .scoring import agreement, interleaved_latency, relative_error, top1
@@ -77,8 +78,8 @@ def evaluate(
 
 
 def verify(
-    float_files: ModelFiles,
-    int8_files: ModelFiles,
+    float_files: ModelFiles | Path,
+    int8_files: ModelFiles | Path,
     feed: Mapping[str, np.ndarray],
     backends: Sequence[str],
     *,
@@ -87,15 +88,18 @@ def verify(
     labels: np.ndarray | None = None,
     latency_batch: int = 8,
 ) -> dict[str, dict[str, Any]]:
-    """Per backend: the int8 model's output error deployed vs simulated (and the float model's, for
-    scale), arg-max agreement with the float model on that backend, top-1 when ``labels`` are given
-    (all on ``feed``), and float / int8 latency (on its first ``latency_batch`` rows). A backend that
-    cannot run (or cannot write the files it needs, such as OpenVINO's cache) says why under ``"unavailable"``."""
-    simulated = load_model(int8_files).run(dict(feed))[0]
+    """Per backend: the int8 model's output error deployed vs simulated (None for an ``.onnx`` file, which
+    has no simulation) and vs the float model, arg-max agreement with the float model on that backend,
+    top-1 when ``labels`` are given (all on ``feed``), and float / int8 latency (on its first
+    ``latency_batch`` rows). Either model may be an ``.onnx`` file (run on the ONNX runtimes only). A
+    backend that cannot run (or cannot write the files it needs, such as OpenVINO's cache) says why
+    under ``"unavailable"``."""
+    simulated = load_model(int8_files).run(dict(feed))[0] if isinstance(int8_files, ModelFiles) else None
     result: dict[str, dict[str, Any]] = {}
     for name in backends:
         target = get_target(name)
-        reason = target.unavailable() or target.accepts(int8_files.model_file) or target.files_problem()
+        reason = (target.unavailable() or _file_problem(target, float_files) or _file_problem(target, int8_files)
+                  or target.files_problem())
         if reason is not None:
             result[target.name] = {"unavailable": reason}
             continue
@@ -104,7 +108,7 @@ def verify(
         float_out, int8_out = (run_predictor(predictors[m], feed)[0] for m in ("float", "int8"))
         ms = interleaved_latency(predictors, {k: v[:latency_batch] for k, v in feed.items()}, repeats)
         row: dict[str, Any] = {
-            "deployed_vs_simulated": round(relative_error(int8_out, simulated), 6),
+            "deployed_vs_simulated": None if simulated is None else round(relative_error(int8_out, simulated), 6),
             "int8_vs_float": round(relative_error(int8_out, float_out), 6),
             "agreement_with_float": round(agreement(int8_out, float_out), 2),
             "float_ms": round(ms["float"], 3),
@@ -118,16 +122,28 @@ def verify(
     return result
 
 
-def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
-    """The :func:`verify` results as a markdown table, a row per backend."""
-    lines = ["| backend | float ms | int8 ms | speed-up | deployed vs simulated | int8 vs float | agreement % |",
+def _file_problem(target: DeployTarget, files: ModelFiles | Path) -> str | None:
+    """Why ``target`` cannot run ``files`` (an ``.onnx`` file runs on the ONNX runtimes only), or None."""
+    if isinstance(files, ModelFiles):
+        return target.accepts(files.model_file)
+    if isinstance(target, OnnxTarget):
+        return None
+    return f"{files.name} is an ONNX file, which runs on onnxruntime and openvino-runtime only"
+
+
+def markdown_table(results: Mapping[str, Mapping[str, Any]], labels: tuple[str, str] = ("float", "int8")) -> str:
+    """The :func:`verify` results as a markdown table, a row per backend; ``labels`` name the two models."""
+    first, second = labels
+    lines = [f"| backend | {first} ms | {second} ms | speed-up | deployed vs simulated | {second} vs {first} | "
+             "agreement % |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for backend, row in results.items():
         if "unavailable" in row:
             lines.append(f"| {backend} | {row['unavailable']} | | | | | |")
             continue
+        simulated = row["deployed_vs_simulated"]
         lines.append(f"| {backend} | {row['float_ms']:.2f} | {row['int8_ms']:.2f} | {row['speedup']:.2f}x | "
-                     f"{row['deployed_vs_simulated']:.2e} | {row['int8_vs_float']:.2e} | "
+                     f"{'n/a' if simulated is None else f'{simulated:.2e}'} | {row['int8_vs_float']:.2e} | "
                      f"{row['agreement_with_float']:.1f} |")
     return "\n".join(lines)
 
