@@ -121,3 +121,30 @@ def test_bad_weight_only_input_is_one_line_before_any_work():
     with pytest.raises(DataError, match="reached no linear layer"):
         quantize_(model, WeightOnlyConfig(group_size=32, algo="gptq"), [], run=lambda m, b: None)
     np.testing.assert_array_equal(model.q.weight.numpy(), before)  # nothing changed
+
+
+def test_mixed_precision_keeps_the_costliest_linears_in_int8_within_the_ratio():
+    from qptq.weight_only.layer import _Plan, _promoted
+
+    x = np.concatenate([b.reshape(-1, 64) for b in _batches(9)])[None]
+    float_out = _model()(paddle.to_tensor(x)).numpy()
+    plain = _model()
+    quantize_(plain, WeightOnlyConfig(group_size=32), _batches(1))
+    mixed = _model()
+    result = quantize_(mixed, WeightOnlyConfig(group_size=32, ratio=0.7), _batches(1))
+    sizes = {layer.name: layer.shape[0] * layer.shape[1] for layer in result.layers}
+    eight = {layer.name for layer in result.layers if layer.bits == 8}
+    total = sum(sizes.values())
+    assert eight and sum(sizes[n] for n in sizes if n not in eight) <= 0.7 * total
+    assert _error(mixed, float_out, x) < _error(plain, float_out, x)
+    # the choice by hand: int4 output error per weight, largest first, until the int4 share is within 70 %
+    rng = np.random.default_rng(3)
+    plans = {n: _Plan(rng.standard_normal((32, 32)) * scale, None, None, None) for n, scale in
+             (("a", 1.0), ("b", 5.0), ("c", 2.0), ("d", 0.5))}
+    for plan in plans.values():
+        plan.quantize(WeightOnlyConfig(group_size=32), 4)
+    assert _promoted(plans, WeightOnlyConfig(group_size=32, ratio=0.5)) == ["b", "c"]
+    assert _promoted(plans, WeightOnlyConfig(group_size=32, ratio=0.75)) == ["b"]
+    assert _promoted(plans, WeightOnlyConfig(group_size=32)) == []
+    with pytest.raises(ConfigError, match=r"ratio=0 is not valid; use the share of weights at 4 bits, in \(0, 1\]"):
+        WeightOnlyConfig(ratio=0)

@@ -40,7 +40,9 @@ class WeightOnlyConfig:
     """What :func:`quantize_` does: ``bits`` 4 or 8; ``group_size`` input channels per step (-1: per output
     channel); asymmetric (zero points) unless ``symmetric``; ``algo`` ``"rtn"`` (round to nearest) or
     ``"gptq"``; ``awq`` activation-aware scales first; ``clip_search`` per-group range search (with
-    ``"rtn"``); linears whose full name matches one of the ``skip`` regular expressions stay float."""
+    ``"rtn"``); ``ratio`` the share of the weights (by count) at ``bits`` when 4, the rest int8: the linears
+    whose 4-bit output error per weight is largest (mixed precision); linears whose full name matches one of
+    the ``skip`` regular expressions stay float."""
 
     bits: int = 4
     group_size: int = 128
@@ -48,11 +50,15 @@ class WeightOnlyConfig:
     algo: str = "rtn"
     awq: bool = False
     clip_search: bool = False
+    ratio: float = 1.0
     skip: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         check_bits(self.bits)
         validate_choice("algo", self.algo, ALGOS)
+        if not 0.0 < self.ratio <= 1.0:
+            raise ConfigError(f"ratio={self.ratio!r} is not valid; use the share of weights at {self.bits} bits, "
+                              "in (0, 1]")
         if self.clip_search and self.algo == "gptq":
             raise ConfigError("clip_search chooses the grids GPTQ chooses itself; use it with algo='rtn'")
         for pattern in self.skip:
@@ -149,6 +155,59 @@ def _default_run(model: Any, batch: Any) -> Any:
     return model(*(paddle.to_tensor(x) if isinstance(x, np.ndarray) else x for x in items))
 
 
+@dataclass
+class _Plan:
+    """One linear's float weight, input Hessian, AWQ scales and, once quantized, its codes and effective weight."""
+
+    weight: np.ndarray
+    hessian: np.ndarray | None
+    scales: np.ndarray | None
+    alpha: float | None
+    codes: GroupCodes | None = None
+    effective: np.ndarray | None = None
+
+    def quantize(self, config: WeightOnlyConfig, bits: int) -> None:
+        w, h = self.weight, self.hessian
+        if self.scales is not None:  # the weight rows times s read the input divided by s: its Hessian scales too
+            w = w * self.scales[:, None]
+            h = h / np.outer(self.scales, self.scales)
+        if config.algo == "gptq":
+            self.codes = gptq(w, h, bits, config.group_size, config.symmetric)
+        else:
+            clip = search_clip(w, h, bits, config.group_size, config.symmetric) if config.clip_search else 1.0
+            self.codes = quantize_groups(w, bits, config.group_size, config.symmetric, clip)
+        effective = self.codes.dequantize().astype(np.float64)
+        self.effective = effective if self.scales is None else effective / self.scales[:, None]
+
+    def output_error(self) -> float:
+        """``tr(D^T H D)`` of the weight change (``||D||^2`` without calibration inputs)."""
+        d = self.effective - self.weight
+        return float(np.einsum("in,ij,jn->", d, self.hessian, d)) if self.hessian is not None else float(np.sum(d * d))
+
+    def relative_error(self) -> float | None:
+        """The layer output error relative to its output on the calibration inputs (None without them)."""
+        if self.hessian is None:
+            return None
+        w = self.weight
+        return float(np.sqrt(self.output_error() / np.einsum("in,ij,jn->", w, self.hessian, w)))
+
+
+def _promoted(plans: dict[str, _Plan], config: WeightOnlyConfig) -> list[str]:
+    """The linears kept in int8 so that at most ``config.ratio`` of the weights (by count) are ``config.bits``:
+    those whose low-bit output error per weight is largest first."""
+    if config.ratio >= 1.0:
+        return []
+    total = sum(p.weight.size for p in plans.values())
+    low = total
+    chosen = []
+    for name in sorted(plans, key=lambda n: -plans[n].output_error() / plans[n].weight.size):
+        if low <= config.ratio * total:
+            break
+        chosen.append(name)
+        low -= plans[name].weight.size
+    return chosen
+
+
 def quantize_(model: Any, config: WeightOnlyConfig, calibration: Iterable[Any] | None = None, *,
               run: Callable[[Any, Any], Any] = _default_run, progress: Callable[[str], None] | None = None
               ) -> WeightOnlyResult:
@@ -172,44 +231,29 @@ def quantize_(model: Any, config: WeightOnlyConfig, calibration: Iterable[Any] |
     if calibration is not None:
         hessians, shared = _calibrate(model, linears, calibration, run)
     by_name = dict(linears)
-    result = WeightOnlyResult()
+    plans: dict[str, _Plan] = {}
     for names in shared:
         weights = {n: by_name[n].weight.numpy().astype(np.float64) for n in names}
         h = hessians[names[0]].hessian() if hessians else None
-        scales = None
-        alpha = None
+        scales, alpha = None, None
         if config.awq:
             found = search_scales(list(weights.values()), h, config.bits, config.group_size, config.symmetric)
             scales, alpha = found.scales, found.alpha
         for n in names:
-            w = weights[n]
-            hn = h
-            if scales is not None:  # the weight rows times s read the input divided by s: its Hessian scales too
-                w = w * scales[:, None]
-                hn = h / np.outer(scales, scales)
-            if config.algo == "gptq":
-                codes = gptq(w, hn, config.bits, config.group_size, config.symmetric)
-            else:
-                clip = search_clip(w, hn, config.bits, config.group_size, config.symmetric) if config.clip_search \
-                    else 1.0
-                codes = quantize_groups(w, config.bits, config.group_size, config.symmetric, clip)
-            effective = codes.dequantize().astype(np.float64)
-            if scales is not None:
-                effective = effective / scales[:, None]
-            layer = by_name[n]
-            original = weights[n]
-            error = None
-            if h is not None:
-                d = effective - original
-                error = float(np.sqrt(np.einsum("in,ij,jn->", d, h, d)
-                                      / np.einsum("in,ij,jn->", original, h, original)))
-            layer.weight.set_value(paddle.to_tensor(effective.astype(np.float32)))
-            result.codes[layer.weight.name] = codes
-            if scales is not None:
-                result.input_scales[layer.weight.name] = scales.astype(np.float32)
-            result.layers.append(LayerReport(n, layer.weight.name, tuple(original.shape), config.bits,
-                                             codes.group_size, error, alpha))
-            if progress is not None:
-                progress(n)
+            plans[n] = _Plan(weights[n], h, scales, alpha)
+            plans[n].quantize(config, config.bits)
+    for n in _promoted(plans, config):
+        plans[n].quantize(config, 8)
+    result = WeightOnlyResult()
+    for n, plan in plans.items():
+        layer = by_name[n]
+        layer.weight.set_value(paddle.to_tensor(plan.effective.astype(np.float32)))
+        result.codes[layer.weight.name] = plan.codes
+        if plan.scales is not None:
+            result.input_scales[layer.weight.name] = plan.scales.astype(np.float32)
+        result.layers.append(LayerReport(n, layer.weight.name, tuple(plan.weight.shape), plan.codes.bits,
+                                         plan.codes.group_size, plan.relative_error(), plan.alpha))
+        if progress is not None:
+            progress(n)
     result.seconds = time.perf_counter() - start
     return result
