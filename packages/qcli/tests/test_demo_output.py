@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 
 from qcli.main import build_parser
+from qcore.inference import PADDLE_LOGS_ENV
 
 #: Runs qcli as if on an AVX2-only CPU (oneDNN's int8 kernels drift there and the predictor warns).
 SCRIPT = """
@@ -21,8 +23,9 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_demo_prints_whole_lines_and_advice_it_can_follow_when_not_on_a_terminal(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != PADDLE_LOGS_ENV}  # set by an earlier in-process --verbose run
     result = subprocess.run([sys.executable, "-c", SCRIPT, "demo", "--calib-samples", "40", "--out",
-                             str(tmp_path / "int8")], capture_output=True, text=True, timeout=900)
+                             str(tmp_path / "int8")], capture_output=True, text=True, timeout=900, env=env)
     assert result.returncode == 0, result.stderr
     err = result.stderr
     assert "\r" not in err, err  # no progress bar redrawn in place
