@@ -291,3 +291,61 @@ def test_lookup_tables_are_stored_per_row_in_int8_for_the_onnx_runtimes(tmp_path
     assert _relative_l2(deployed, simulated) < 0.01  # as every ONNX target: within 1 % of the simulation
     float_out = load_model(tmp_path / "float").run({"ids": ids})[0]
     assert _relative_l2(simulated, float_out) < 0.02
+
+
+class ResidualTail(paddle.nn.Layer):
+    """Two residual blocks whose last sum goes through a relu to a global average pool, a flatten and an fc (a
+    ResNet's tail), and a conv whose output is read only through a relu by a pool (the demo CNN's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = paddle.nn.Conv2D(3, 16, 3, padding=1)
+        self.bn = paddle.nn.BatchNorm2D(16)
+        self.pool = paddle.nn.MaxPool2D(2)
+        self.blocks = paddle.nn.LayerList([paddle.nn.Conv2D(16, 16, 3, padding=1) for _ in range(4)])
+        self.last = paddle.nn.Conv2D(16, 16, 3, padding=1)
+        self.fc = paddle.nn.Linear(16, 10)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        y = self.pool(F.relu(self.bn(self.stem(x))))
+        for i in (0, 2):
+            y = F.relu(y + self.blocks[i + 1](F.relu(self.blocks[i](y))))
+        y = F.adaptive_avg_pool2d(F.relu(self.last(y)), 1) + F.adaptive_avg_pool2d(y, 1)
+        return self.fc(paddle.flatten(y, 1))
+
+
+def _ort_optimized_kinds(onnx_file, tmp_path) -> collections.Counter:
+    """The node types of the graph ONNX Runtime runs for ``onnx_file`` (every optimization on), counted."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
+    return collections.Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)
+
+
+@pytest.mark.parametrize("family", ["pir", "legacy"])
+def test_onnx_runtime_fuses_every_conv_join_and_pool_of_a_residual_net(tmp_path, family):
+    from qdemo.testing import save_tiny_net
+
+    paddle.seed(0)
+    net = ResidualTail()
+    net.eval()
+    kwargs = save_tiny_net(net, tmp_path / "float", "pir" if family == "pir" else "legacy_pdmodel",
+                           [paddle.static.InputSpec([None, 3, 16, 16], "float32", "x")])
+    x = np.random.default_rng(0).standard_normal((16, 3, 16, 16)).astype("float32")
+    quant_post_static(None, tmp_path / "float", tmp_path / "q", **kwargs, sample_generator=lambda: iter(x),
+                      batch_size=8, algo="abs_max", quantizable_op_type=["conv2d", "mul"], optimize_model=True,
+                      deploy_backend="onnxruntime", save_model_filename=None, save_params_filename=None)
+    kinds = _ort_optimized_kinds(tmp_path / "q" / ONNX_FILE, tmp_path)
+    # every conv runs as QLinearConv, every join (the two residual adds, the pools' sum) as QLinearAdd, both
+    # global pools as QLinearGlobalAveragePool, the max pool on uint8 codes; nothing float in between
+    assert kinds["QLinearConv"] == 6 and kinds["QLinearAdd"] == 3 and kinds["QLinearGlobalAveragePool"] == 2
+    assert not {"Conv", "FusedConv", "Relu", "GlobalAveragePool", "MaxPool"} & set(kinds)
+    # float only: the input before its one QuantizeLinear, the fc's output and bias add; the flatten moves codes
+    # (its Shape reads them, its input and output share a grid) and no dequantize is left
+    assert kinds["Add"] == 1 and kinds["QuantizeLinear"] == 1 and kinds["DequantizeLinear"] == 0
+    simulated = load_model(tmp_path / "q").run({"x": x})[0]
+    deployed = run_predictor(create_predictor(tmp_path / "q" / ONNX_FILE, backend="onnxruntime"), {"x": x})[0]
+    assert _relative_l2(deployed, simulated) < 1e-2

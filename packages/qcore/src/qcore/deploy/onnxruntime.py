@@ -32,12 +32,25 @@ from .base import DeployTarget, ModelRules, OpTarget
 from .onnx_runtimes import OnnxPredictor, OnnxTarget
 
 if TYPE_CHECKING:
-    from ..graph import Graph, OpRef
+    from ..graph import Graph, Operand, OpRef
 
 
 #: Activations ONNX Runtime fuses into the int8 op before them (relu; relu6 as Clip) when their output is quantized with
 #: the zero point at the lowest code): their input needs no quantize of its own (op type without "pd_op.").
 FUSED_ACTIVATIONS = frozenset({"relu", "relu6"})
+
+
+def _passes_codes(graph: Graph, op: OpRef) -> bool:
+    """True for an op ONNX Runtime runs on the codes of the tensor it reads once a quantize follows it: a fused
+    activation (:data:`FUSED_ACTIVATIONS`) or a max pool (it moves that quantize ahead of the pool, same codes)."""
+    kind = op.type.split(".")[-1]
+    return kind in FUSED_ACTIVATIONS or (kind == "pool2d" and graph.attr(op, "pooling_type") == "max")
+
+
+def _averaging_pool(graph: Graph, op: OpRef) -> bool:
+    """An average pool: ONNX Runtime runs it int8 (``QLinearAveragePool`` / ``QLinearGlobalAveragePool``) only
+    when its output is quantized too."""
+    return op.type.split(".")[-1] == "pool2d" and graph.attr(op, "pooling_type") == "avg"
 
 
 class OutputReaderRules(ModelRules):
@@ -64,32 +77,52 @@ class OnnxRuntimeTarget(OnnxTarget):
 
     def plan(self, graph: Graph, targets: list[OpTarget], skip_patterns: Iterable[str] = (), *,
              residual_add: bool = True, calibrated: bool = True) -> tuple[list[OpTarget], set[str]]:
-        """Residual joins, and the input of each op reading a conv target's output (through its bias add), so
-        that conv's output is quantized and it fuses into QLinearConv. Matmuls run int8 with a float output
-        (their readers' QDQ would only cost accuracy: all-MiniLM-L6-v2 cosine 0.944 with them)."""
+        """Residual joins, and the input of each op reading the output of a quantized conv (through its bias add),
+        residual join or average pool, so that it runs int8 (``QLinearConv``, ``QLinearAdd``, ``QLinearAveragePool``:
+        ONNX Runtime fuses an op only when its output is quantized). Readers are looked for behind relus and max
+        pools (:func:`_passes_codes`); an average pool quantized that way is such an op itself. Matmuls run int8
+        with a float output (their readers' QDQ would only cost accuracy: all-MiniLM-L6-v2 cosine 0.944 with
+        them)."""
         extra, float_inputs = super().plan(graph, targets, skip_patterns, residual_add=residual_add,
                                            calibrated=calibrated)
         if not calibrated:
             return extra, float_inputs
-        weighted = [t.op for t in targets if t.weight is not None and kind_of(t.op.seed_type) in CONV_KINDS]
-        readers = graph.readers(weighted)
-        biased = {}
-        for op in weighted:
+        planned = {t.op.key for t in [*targets, *extra]}
+        writers = [t.op for t in targets if t.weight is not None and kind_of(t.op.seed_type) in CONV_KINDS]
+        writers += [t.op for t in extra if t.op.seed_type == "elementwise_add"]
+        while writers:
+            found = self._output_readers(graph, writers)
+            writers = []
+            for writer, operands in found:
+                for operand in operands:
+                    if operand.op.key in planned:
+                        continue
+                    planned.add(operand.op.key)
+                    pool = _averaging_pool(graph, operand.op)
+                    extra.append(OpTarget(operand.op, None, [operand], for_conv=writer, runs_float=not pool))
+                    if pool:
+                        writers.append(operand.op)
+        return extra, float_inputs
+
+    @staticmethod
+    def _output_readers(graph: Graph, writers: list[OpRef]) -> list[tuple[OpRef, list[Operand]]]:
+        """Each of ``writers`` with the operands reading its output: behind a conv's bias add, and behind the ops
+        ONNX Runtime runs on the codes (:func:`_passes_codes`) instead of those."""
+        def behind(ops: list[OpRef]) -> dict[int, list[Operand]]:
+            direct = graph.readers(ops)
+            passing = [r.op for found in direct.values() for r in found if _passes_codes(graph, r.op)]
+            further = behind(passing) if passing else {}
+            return {key: [o for r in found for o in (further[r.op.key] if r.op.key in further else [r])]
+                    for key, found in direct.items()}
+
+        readers = graph.readers(writers)
+        after = {}
+        for op in writers:
             found = readers[op.key]
             if len(found) == 1 and found[0].op.seed_type == "elementwise_add" and graph.added_param(found[0].op):
-                biased[op.key] = found[0].op
-        after_bias = graph.readers(biased.values())
-        planned = {t.op.key for t in [*targets, *extra]}
-        for op in weighted:
-            add = biased.get(op.key)
-            for operand in after_bias[add.key] if add is not None else readers[op.key]:
-                # ONNX Runtime fuses a relu into the conv before it when the relu's output is quantized
-                if operand.op.type.split(".")[-1] in FUSED_ACTIVATIONS:
-                    continue
-                if operand.op.key not in planned:
-                    planned.add(operand.op.key)
-                    extra.append(OpTarget(operand.op, None, [operand], for_conv=op, runs_float=True))
-        return extra, float_inputs
+                after[op.key] = found[0].op  # a conv's bias
+        through = behind([*after.values(), *(op for op in writers if op.key not in after)])
+        return [(op, through[after[op.key].key if op.key in after else op.key]) for op in writers]
 
     def rules(self, graph: Graph, targets: list[OpTarget], float_inputs: Iterable[str] = ()) -> ModelRules:
         return OutputReaderRules(self, graph, targets)

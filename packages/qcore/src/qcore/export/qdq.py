@@ -7,7 +7,8 @@ standing as a marker ``Cast`` (float -> float) and each integer weight as a floa
 * a marker becomes one ``QuantizeLinear`` and one ``DequantizeLinear`` **per reader** (same scale and
   zero point): ONNX Runtime fuses a ``DequantizeLinear`` into an int8 kernel only when it feeds that
   kernel alone, and the op writing the tensor only when one ``QuantizeLinear`` reads it; OpenVINO
-  and TensorRT read either form;
+  and TensorRT read either form. A ``Shape`` (paddle2onnx's flatten reads its input's shape) reads the
+  codes themselves: a dequantize there would be a pass over the tensor for nothing;
 * a weight becomes an int8 initializer read through ``DequantizeLinear`` (per-channel scales
   along the Paddle weight's channel axis, which paddle2onnx keeps), one per reader.
 
@@ -106,6 +107,9 @@ def write_qdq(model: onnx.ModelProto, taken: Unquantized, activation_type: str =
         q = f"{name}.q"
         before[id(cast)].append(helper.make_node("QuantizeLinear", [cast.input[0], scale, zero], [q], name=q))
         for i, (node, slot) in enumerate(at):
+            if node.op_type == "Shape":  # reads only the shape: the codes have it, no dequantize pass needed
+                node.input[slot] = q
+                continue
             dq = f"{name}.dq{i}"
             before[id(node)].append(helper.make_node("DequantizeLinear", [q, scale, zero], [dq], name=dq))
             node.input[slot] = dq
