@@ -172,3 +172,49 @@ def test_exports_write_nothing_outside_the_output_and_the_temporary_directory(tm
     assert list(work.iterdir()) == []
     assert list(temp.iterdir()) == []  # its temporaries are gone, on success and on failure
     assert [p.name for p in out.iterdir()] == ["tiny.onnx"]
+
+
+def test_an_export_that_computes_another_function_is_refused_naming_the_output(tmp_path):
+    _save_fft("abs", tmp_path / "fft")  # paddle2onnx 2.1: a graph of output shape (2, 3, 28, 28) for (2, 4, 28, 15)
+    with pytest.raises(ExportError, match=r"output '.+' has shape \(2, 3, 28, 28\) where Paddle's is "
+                                          r"\(2, 4, 28, 15\) \(inputs x \(2, 3, 28, 28\) float32\)") as error:
+        export_onnx(tmp_path / "fft", tmp_path / "fft.onnx")
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "fft.onnx").exists()
+
+
+def _scaled(what, factor):
+    """A stand-in for a converter or writer bug: the weights' float initializers named ``*what`` multiplied by
+    ``factor``."""
+    def edit(proto) -> None:
+        for init in proto.graph.initializer:
+            if init.name.endswith(what) and not init.name.startswith("p2o.") and init.data_type == TensorProto.FLOAT:
+                init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * factor, init.name))
+    return edit
+
+
+def test_values_off_the_paddle_model_are_refused_float_tightly_qdq_against_the_simulation(tmp_path, monkeypatch):
+    import qcore.export as export
+
+    save_tiny_net(make_tiny_net(), tmp_path / "float", "pir")
+    fixed_repair, fixed_write = export.repair, export.write_qdq
+    # a weight 0.1 % off: a float graph must compute its program to 1e-4 (relative L2)
+    monkeypatch.setattr(export, "repair", lambda proto: (fixed_repair(proto), _scaled(".w_0", 1.001)(proto)))
+    with pytest.raises(ExportError, match=r"paddle2onnx's graph of .+ does not compute the Paddle model: output "
+                                          r"'.+' differs by [0-9.e-]+ .+at most 0.0001 allowed"):
+        export_onnx(tmp_path / "float", tmp_path / "float.onnx")
+    monkeypatch.setattr(export, "repair", fixed_repair)
+    export_onnx(tmp_path / "float", tmp_path / "float.onnx")
+
+    model = load_model(tmp_path / "float")
+    graph = open_graph(model)
+    conv = graph.ops(["conv2d"])[0]
+    graph.insert_act_qdq(graph.activation_operands(conv)[0], 2.54)
+    graph.quantize_weight(graph.weight_operand(conv), 8, axis=0)
+    export_onnx(model, tmp_path / "q.onnx")  # the QDQ file computes the simulation
+    # weight steps of the wrong sign: the QDQ file is another function than the simulation
+    monkeypatch.setattr(export, "write_qdq", lambda proto, *a: (fixed_write(proto, *a), _scaled(".scale", -1)(proto)))
+    with pytest.raises(ExportError, match=r"the QDQ export of .+ does not compute the Paddle model: output '.+' "
+                                          r"differs by [0-9.]+ .+at most 0.5 allowed"):
+        export_onnx(model, tmp_path / "bad.onnx")
+    assert not (tmp_path / "bad.onnx").exists()

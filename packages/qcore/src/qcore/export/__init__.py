@@ -2,8 +2,9 @@
 
 :func:`export_onnx` takes the program's float form (:meth:`qcore.graph.Graph.unquantize`),
 converts it with paddle2onnx (:mod:`.paddle2onnx_float`), repairs what paddle2onnx writes wrongly
-(:mod:`.repair`) and writes the Paddle model's QDQ pairs and integer weights back as
-``QuantizeLinear`` / ``DequantizeLinear`` (:mod:`.qdq`). The exporter is a writer: what is
+(:mod:`.repair`), writes the Paddle model's QDQ pairs and integer weights back as
+``QuantizeLinear`` / ``DequantizeLinear`` (:mod:`.qdq`) and runs the result beside the Paddle model
+(:mod:`.check`): a graph that computes something else is refused. The exporter is a writer: what is
 quantized, and with which scales, was decided when the Paddle model was quantized for its
 deployment target.
 """
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,10 +24,14 @@ from ..graph import Graph, open_graph
 from ..graph.base import StoredWeight, Unquantized
 from ..model_io import Model, ModelFiles, load_model, save_model
 from ..outputs import check_output_dir, write_bytes
+from .check import FLOAT_TOLERANCE, QDQ_TOLERANCE, check_export, check_inputs
 from .fusable import biases_into_convs
 from .paddle2onnx_float import OPSET, float_onnx, require_onnx
 from .qdq import ACTIVATION_TYPES, write_qdq
 from .repair import repair
+
+if TYPE_CHECKING:
+    import onnx
 
 
 def fold_batch_norms(graph: Graph, taken: Unquantized) -> Unquantized:
@@ -54,17 +61,17 @@ def fold_batch_norms(graph: Graph, taken: Unquantized) -> Unquantized:
 
 
 def onnx_bytes(model: Model | ModelFiles | str | os.PathLike[str], *, activation_type: str = "uint8",
-               dynamic: bool = False, opset: int = OPSET) -> bytes:
+               dynamic: bool = False, opset: int = OPSET, feed: Mapping[str, np.ndarray] | None = None) -> bytes:
     """``model`` (loaded, its files, or a model directory / file; float or quantized, PIR or legacy) as a
-    serialized ONNX model that passes ``onnx.checker``. The model is never changed.
+    serialized ONNX model that passes ``onnx.checker`` and computes what the model computes on ``feed``
+    (default: :func:`.check.check_inputs`), else :class:`ExportError` (:mod:`.check`). The model is never
+    changed.
 
     Activations are written as ``activation_type`` (``"uint8"``: what ONNX Runtime's int8 kernels run;
     ``"int8"``: TensorRT's symmetric form). ``dynamic``: a ``MatMul`` with an int8 weight and a float input
     quantizes the input at run time (ONNX Runtime's ``DynamicQuantizeLinear`` + ``MatMulInteger``).
     """
     require_onnx()
-    import onnx
-
     if activation_type not in ACTIVATION_TYPES:
         raise ExportError(f"activation_type={activation_type!r}: choose one of {', '.join(ACTIVATION_TYPES)}")
     if not isinstance(model, Model):
@@ -76,12 +83,25 @@ def onnx_bytes(model: Model | ModelFiles | str | os.PathLike[str], *, activation
         proto = float_onnx(files, opset)
     repair(proto)
     biases_into_convs(proto)
+    source = model.source.model_file if model.source else "the model"
+    feed = check_inputs(graph) if feed is None else feed
+    check_export(proto.SerializeToString(), graph.model, feed, FLOAT_TOLERANCE, f"paddle2onnx's graph of {source}")
+    if not taken.markers and not taken.weights:
+        return _checked(proto, source)
     write_qdq(proto, taken, activation_type, dynamic)
+    data = _checked(proto, source)
+    check_export(data, model, feed, QDQ_TOLERANCE, f"the QDQ export of {source}")
+    return data
+
+
+def _checked(proto: onnx.ModelProto, source: object) -> bytes:
+    """``proto`` serialized, once ``onnx.checker`` passes it."""
+    import onnx
+
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as error:
-        raise ExportError(f"the exported graph of {model.source or 'the model'} is not valid ONNX: "
-                          f"{str(error).splitlines()[0]}") from None
+        raise ExportError(f"the exported graph of {source} is not valid ONNX: {str(error).splitlines()[0]}") from None
     return proto.SerializeToString()
 
 
@@ -92,16 +112,18 @@ def export_onnx(
     activation_type: str = "uint8",
     dynamic: bool = False,
     opset: int = OPSET,
+    feed: Mapping[str, np.ndarray] | None = None,
 ) -> Path:
-    """Write :func:`onnx_bytes` of ``model`` to ``path`` (an ``.onnx`` file) atomically; returns ``path``."""
+    """Write :func:`onnx_bytes` of ``model`` to ``path`` (an ``.onnx`` file) atomically, once checked on ``feed``;
+    returns ``path``."""
     path = Path(path)
     if path.suffix != ".onnx":
         raise ConfigError(f"{path}: name the ONNX file with the .onnx suffix")
     check_output_dir(path.parent)
-    data = onnx_bytes(model, activation_type=activation_type, dynamic=dynamic, opset=opset)
+    data = onnx_bytes(model, activation_type=activation_type, dynamic=dynamic, opset=opset, feed=feed)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes(path, data)
     return path
 
 
-__all__ = ["ACTIVATION_TYPES", "OPSET", "export_onnx", "fold_batch_norms", "onnx_bytes"]
+__all__ = ["ACTIVATION_TYPES", "OPSET", "export_onnx", "fold_batch_norms", "onnx_bytes", "require_onnx"]

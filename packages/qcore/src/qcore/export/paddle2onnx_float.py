@@ -45,8 +45,9 @@ paddle2onnx.export(sys.argv[1], sys.argv[2], sys.argv[3], opset_version=int(sys.
 
 
 def require_onnx() -> None:
-    """Raise :class:`ExportError` naming the extra to install when paddle2onnx or onnx is missing."""
-    for module in ("onnx", "paddle2onnx"):
+    """Raise :class:`ExportError` naming the extra to install when onnx, paddle2onnx or onnxruntime (which runs
+    every export before it is kept) is missing."""
+    for module in ("onnx", "paddle2onnx", "onnxruntime"):
         try:
             __import__(module)
         except ImportError as error:
