@@ -325,3 +325,18 @@ def test_an_unwritable_home_refuses_only_runs_for_openvino(demo_arrays, tmp_path
     assert "--backend" not in capsys.readouterr().err
     assert main([*base[:3], str(tmp_path / "ov"), *base[4:], "--backend", "openvino"]) == 6
     assert "$QCORE_OPENVINO_CACHE" in capsys.readouterr().err and not (tmp_path / "ov").exists()
+
+
+def test_a_backend_whose_runtime_is_missing_is_refused_before_calibration(demo_arrays, tmp_path, monkeypatch, capsys):
+    import sys
+
+    import qptq.static
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` fails, as when not installed
+    monkeypatch.setattr(qptq.static, "calibrate_sharded", lambda *a, **k: pytest.fail("calibrated"))
+    out = tmp_path / "ort"
+    assert main(["ptq", "static", str(demo_model_dir("pir")), str(out), "--data", str(demo_arrays / "calib.npy"),
+                 "--backend", "onnxruntime"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert "deploy_backend='onnxruntime'" in err and "needs onnxruntime" in err and "\n" not in err
+    assert not out.exists() and not (tmp_path / "ort.report.json").exists()

@@ -270,6 +270,11 @@ class DeployTarget(ABC):
         """Why this runtime cannot run on this machine / Paddle build, or None."""
         return None
 
+    def output_problem(self) -> str | None:
+        """Why a model quantized for this runtime cannot be written and checked on this machine (what its
+        companion files need is missing), or None; :meth:`Deployment.check` asks before any work."""
+        return None
+
     def files_problem(self) -> str | None:
         """Why the files the runtime writes while it runs (a compiled-model cache) cannot be written, or None;
         callers check it before any work."""

@@ -85,6 +85,18 @@ class OnnxTarget(DeployTarget):
             return f"paddle2onnx is not installed, so no Paddle model can be exported ({ONNX_INSTALL})"
         return None
 
+    def output_problem(self) -> str | None:
+        """The runtime and what the export needs must import (paddle2onnx converts, ONNX Runtime checks the file:
+        :mod:`qcore.export.check`)."""
+        from ..errors import ExportError
+        from ..export import require_onnx
+
+        try:
+            require_onnx()
+        except ExportError as error:
+            return str(error)
+        return self.unavailable()
+
     def companion_files(self, model: Any) -> dict[str, bytes]:
         """The ONNX export the runtime runs, saved as :data:`ONNX_FILE` beside the Paddle model (none for
         the families it reads directly)."""

@@ -85,11 +85,15 @@ class Deployment:
     # --- before any work
 
     def check(self, model_file: str, family: str, *, fix: str = "") -> None:
-        """Refuse a model file the runtime cannot open (only when a backend was asked for) or bit widths its
-        kernels cannot run for ``family``; ``fix`` is appended to the first message (e.g. how to re-export)."""
+        """Refuse a model file the runtime cannot open, or a runtime whose output cannot be written here (both only
+        when a backend was asked for), or bit widths its kernels cannot run for ``family``; ``fix`` is appended to
+        the first message (e.g. how to re-export)."""
         reason = self.target.accepts(model_file)
         if self.requested and reason is not None:
             raise ConfigError(f"deploy_backend={self.target.name!r}: {reason}{fix}")
+        reason = self.target.output_problem()
+        if self.requested and reason is not None:
+            raise ConfigError(f"deploy_backend={self.target.name!r}: {reason}; install it or choose another backend")
         problem = self.bits_problem(family)
         if problem is not None:
             raise ConfigError(problem)
