@@ -263,3 +263,13 @@ def test_no_threshold_depends_on_the_order_data_arrives():
     assert forward.upper == backward.upper == 32.0  # the power of two above the abs max, whatever came first
     assert thresholds_all_algos(forward) == thresholds_all_algos(backward)
     assert search_threshold("abs_max", forward) == float(np.abs(data).max())
+
+
+def test_mse_and_emd_read_pairs_of_bins_above_2048_used_bins():
+    counts, width = _hist("student_t2", 4096)
+    pairs = counts.reshape(-1, 2).sum(axis=1)
+    for algo in ("mse", "emd"):
+        assert search_threshold(algo, (counts, width)) == search_threshold(algo, (pairs, 2 * width))
+    small, small_width = _hist("student_t2", 2048)
+    assert search_threshold("mse", (np.concatenate([small, np.zeros(2048)]), small_width)) == \
+        search_threshold("mse", (small, small_width))  # empty bins above the data are not searched

@@ -300,9 +300,9 @@ class HistogramObserver(Observer):
         "count": int,
     }
 
-    def __init__(self, bins: int = 2048) -> None:
+    def __init__(self, bins: int = 4096) -> None:
         if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1 or bins & (bins - 1):
-            raise ConfigError(f"bins={bins!r} is invalid; use a power of two (the grid doubles exactly), e.g. 2048")
+            raise ConfigError(f"bins={bins!r} is invalid; use a power of two (the grid doubles exactly), e.g. 4096")
         self.bins = int(bins)
         self.counts = np.zeros(self.bins, dtype=np.int64)
         self.upper = 0.0

@@ -126,8 +126,21 @@ def _expected_error(c: Counts, w: float, bits: int, power: int) -> NDArray[np.fl
     return (inside / (power + 1) + clipped) * w**power / c.sum()
 
 
+#: ``mse`` / ``emd`` cost grows with the square of the bins: above this many used bins they read pairs of bins.
+ERROR_SEARCH_BINS = 2048
+
+
+def _coarse(c: Counts, w: float) -> tuple[Counts, float]:
+    """``c`` up to its last non-empty bin, with pairs of bins summed until at most :data:`ERROR_SEARCH_BINS`."""
+    c = c[: int(np.flatnonzero(c)[-1]) + 1]
+    while c.size > ERROR_SEARCH_BINS:
+        c, w = np.add.reduceat(c, np.arange(0, c.size, 2)), w * 2
+    return c, w
+
+
 def _mse(c: Counts, w: float, bits: int) -> float:
     """Bin edge minimising the expected squared quantization error."""
+    c, w = _coarse(c, w)
     return float(np.argmin(_expected_error(c, w, bits, 2)) + 1) * w
 
 
@@ -137,6 +150,7 @@ def _emd(c: Counts, w: float, bits: int) -> float:
     In 1-D, for a monotone map f the optimal transport plan moves each x to f(x), so the distance
     is ``E|x - fake_quantize(x)|``.
     """
+    c, w = _coarse(c, w)
     return float(np.argmin(_expected_error(c, w, bits, 1)) + 1) * w
 
 
