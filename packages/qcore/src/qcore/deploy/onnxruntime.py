@@ -9,8 +9,13 @@ Facts (ONNX Runtime 1.32, measured here where the text says so):
 * It fuses ``DequantizeLinear -> Conv -> QuantizeLinear`` into an int8 conv only when the conv's output
   (after its bias) is quantized: a conv followed by a float op (hardswish, a squeeze-excite pool)
   otherwise runs float between dequantize ops, with layout transposes around it (PP-OCR v2 cls:
-  0.59x float speed). :meth:`OnnxRuntimeTarget.plan` quantizes the input of every reader of a
-  quantized conv's or fc's output for that reason (what ONNX Runtime's own quantizer does).
+  0.59x float speed). The same holds for ``QLinearAdd`` (a residual join) and ``QLinearGlobalAveragePool``
+  / ``QLinearAveragePool``. :meth:`OnnxRuntimeTarget.plan` quantizes the input of every reader of a
+  quantized conv's, join's or average pool's output for that reason (what ONNX Runtime's own quantizer
+  does): before, ResNet18's last join and the demo CNN's last conv, read through a relu by a global pool,
+  ran float between dequantize ops and layout transposes.
+* It moves a ``QuantizeLinear`` ahead of a max pool (the pool then runs on uint8 codes), so a max pool's
+  readers are quantized instead of its input (one grid, not two that would leave it float).
 * A ``Relu`` between an op and its output's ``QuantizeLinear`` is dropped (so the op fuses) only
   when the zero point is the lowest code: relu outputs need their unsigned grid, which the
   asymmetric grids (the default for this target) give them (zero point 0 over ``[0, t]``); the
