@@ -3,12 +3,13 @@
 Runs in the Paddle environment; the reference side runs in a separate torch environment (torch and Paddle are
 kept apart), started as a subprocess of this script:
 
-    uv venv /work/venv-llm-ref   # or python -m venv; then in it:
-    pip install torch==2.13.0 transformers gguf==0.19.0
+    python -m venv /work/venv-llm-ref
+    /work/venv-llm-ref/bin/pip install torch==2.13.0 transformers accelerate gguf==0.19.0
     python benchmarks/llm/check_port.py --reference-python /work/venv-llm-ref/bin/python
 
 Prints, per prompt, the max relative error of the logits (``max |paddle - hf| / max |hf|``) and whether every
-position's argmax agrees, the tokenizer ids of both sides, and both greedy continuations of the first prompt.
+position's argmax agrees, whether both tokenizers give the same ids, and both greedy continuations of the first
+prompt. The prompts are short ones plus 1,500 characters of the evaluation text (:mod:`llm.text`).
 Exits 1 when an error exceeds ``--tolerance`` (1e-3).
 """
 
@@ -31,10 +32,11 @@ PROMPTS = [
     "In 2024, 12345 people paid $3.50 each.",
 ]
 NEW_TOKENS = 24
+LONG_CHARS = 1500  # of the evaluation text (llm.text), the last prompt
 
 
-def hf_reference(gguf: Path, ids: list[list[int]], out: Path) -> None:
-    """Reference side (torch environment): logits of ``ids``, HF's own token ids and greedy continuation."""
+def hf_reference(gguf: Path, prompts: list[str], ids: list[list[int]], out: Path) -> None:
+    """Reference side (torch environment): logits of ``ids``, HF's token ids of ``prompts``, greedy continuation."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -45,7 +47,7 @@ def hf_reference(gguf: Path, ids: list[list[int]], out: Path) -> None:
     with torch.no_grad():
         for i, seq in enumerate(ids):
             arrays[f"logits_{i}"] = model(torch.tensor([seq])).logits[0].numpy()
-            arrays[f"hf_ids_{i}"] = np.array(tok(PROMPTS[i], add_special_tokens=False)["input_ids"])
+            arrays[f"hf_ids_{i}"] = np.array(tok(prompts[i], add_special_tokens=False)["input_ids"])
         gen = model.generate(torch.tensor([ids[0]]), max_new_tokens=NEW_TOKENS, do_sample=False)
     arrays["greedy"] = gen[0, len(ids[0]):].numpy()
     np.savez(out, **arrays)
@@ -58,27 +60,31 @@ def main() -> int:
                     help="python of the environment that has torch and transformers")
     ap.add_argument("--tolerance", type=float, default=1e-3)
     ap.add_argument("--hf-dump", type=Path, help=argparse.SUPPRESS)  # internal: run the reference side
-    ap.add_argument("--ids", help=argparse.SUPPRESS)
+    ap.add_argument("--inputs", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from llm.gguf_weights import smollm2_gguf
 
     gguf = args.gguf or smollm2_gguf()
     if args.hf_dump:
-        hf_reference(gguf, json.loads(args.ids), args.hf_dump)
+        inputs = json.loads(args.inputs.read_text())
+        hf_reference(gguf, inputs["prompts"], inputs["ids"], args.hf_dump)
         return 0
 
     import paddle
 
     from llm.llama import generate, load_gguf
+    from llm.text import evaluation_text
 
     paddle.set_device("cpu")
     model, tok = load_gguf(gguf)
-    ids = [tok.encode(p).ids for p in PROMPTS]
+    prompts = PROMPTS + [evaluation_text()[:LONG_CHARS]]  # a few hundred tokens: rotary angles far from 0
+    ids = [tok.encode(p).ids for p in prompts]
     with tempfile.TemporaryDirectory() as tmp:
-        dump = Path(tmp) / "hf.npz"
+        dump, inputs = Path(tmp) / "hf.npz", Path(tmp) / "inputs.json"
+        inputs.write_text(json.dumps({"prompts": prompts, "ids": ids}))
         subprocess.run([args.reference_python, __file__, "--gguf", str(gguf), "--hf-dump", str(dump),
-                        "--ids", json.dumps(ids)], check=True)
+                        "--inputs", str(inputs)], check=True)
         ref = dict(np.load(dump))
     worst = 0.0
     with paddle.no_grad():
