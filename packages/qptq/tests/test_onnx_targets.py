@@ -349,3 +349,28 @@ def test_onnx_runtime_fuses_every_conv_join_and_pool_of_a_residual_net(tmp_path,
     simulated = load_model(tmp_path / "q").run({"x": x})[0]
     deployed = run_predictor(create_predictor(tmp_path / "q" / ONNX_FILE, backend="onnxruntime"), {"x": x})[0]
     assert _relative_l2(deployed, simulated) < 1e-2
+
+
+def test_a_model_whose_float_export_fails_is_refused_before_calibration(tmp_path, monkeypatch):
+    import qptq.static
+
+    class Fft(paddle.nn.Layer):  # paddle2onnx 2.1 writes rfft as a graph of another output shape
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = paddle.nn.Conv2D(3, 4, 1)
+
+        def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+            return paddle.abs(paddle.fft.rfft(self.conv(x)))
+
+    net = Fft()
+    net.eval()
+    paddle.jit.save(net, str(tmp_path / "fft" / "inference"),
+                    input_spec=[paddle.static.InputSpec([None, 3, 28, 28], "float32", "x")])
+    monkeypatch.setattr(qptq.static, "calibrate_sharded", lambda *a, **k: pytest.fail("calibrated"))
+    x = np.random.default_rng(0).standard_normal((4, 3, 28, 28)).astype("float32")
+    with pytest.raises(ExportError, match=r"deploy_backend='onnxruntime' runs the model's ONNX export, and the "
+                                          r"float model does not export \(checked before calibration\): .+ output "
+                                          r"'.+' has shape \(2, 3, 28, 28\) where Paddle's is \(2, 4, 28, 15\)"):
+        quant_post_static(None, tmp_path / "fft", tmp_path / "q", sample_generator=lambda: iter(x),
+                          deploy_backend="onnxruntime")
+    assert not (tmp_path / "q").exists()

@@ -132,6 +132,7 @@ class PostTrainingQuantization:
         self.model = config.model.load()
         deployment = config.target.deployment
         deployment.check(str(self.model.source.model_file) if self.model.source else "", self.model.family)
+        deployment.check_export(self.model)
         self.graph: Graph | None = None
         self.report: dict[str, Any] = {}
 

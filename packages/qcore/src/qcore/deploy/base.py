@@ -275,6 +275,11 @@ class DeployTarget(ABC):
         companion files need is missing), or None; :meth:`Deployment.check` asks before any work."""
         return None
 
+    def export_problem(self, model: Any) -> str | None:
+        """Why the float :class:`~qcore.model_io.Model` cannot be written in the form this runtime reads (its
+        export fails), or None; checked before calibration."""
+        return None
+
     def files_problem(self) -> str | None:
         """Why the files the runtime writes while it runs (a compiled-model cache) cannot be written, or None;
         callers check it before any work."""

@@ -97,6 +97,21 @@ class OnnxTarget(DeployTarget):
             return str(error)
         return self.unavailable()
 
+    def export_problem(self, model: Any) -> str | None:
+        """The float model's checked ONNX export fails (the quantized model's would too: it is converted from
+        the same program with QDQ markers). It cannot be reused for the quantized model, whose program differs
+        (markers, folded batch norms), so this costs one conversion and check of the float model."""
+        if model.family in self.reads_paddle:
+            return None
+        from ..errors import ExportError
+        from ..export import onnx_bytes
+
+        try:
+            onnx_bytes(model, activation_type=self.activation_type)
+        except ExportError as error:
+            return str(error)
+        return None
+
     def companion_files(self, model: Any) -> dict[str, bytes]:
         """The ONNX export the runtime runs, saved as :data:`ONNX_FILE` beside the Paddle model (none for
         the families it reads directly)."""

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ExportError
 from ..quant import asymmetric_range, unsigned_range
 from . import host
 from .apply import Applied, Planned, apply_rules
@@ -97,6 +97,14 @@ class Deployment:
         problem = self.bits_problem(family)
         if problem is not None:
             raise ConfigError(problem)
+
+    def check_export(self, model: Any) -> None:
+        """Refuse, before calibration, a float ``model`` whose export to the form the asked-for runtime reads
+        fails (:meth:`DeployTarget.export_problem`)."""
+        reason = self.target.export_problem(model) if self.requested else None
+        if reason is not None:
+            raise ExportError(f"deploy_backend={self.target.name!r} runs the model's ONNX export, and the float "
+                              f"model does not export (checked before calibration): {reason}")
 
     def bits_problem(self, family: str) -> str | None:
         """Why the runtime cannot run this run's bit widths for ``family`` (one line), or None."""

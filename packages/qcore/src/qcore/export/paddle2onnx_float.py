@@ -5,7 +5,8 @@ names as initializer names and names activations ``p2o.pd_op.<op>.<n>.0``. It ru
 
 * in a child process: on a program it cannot convert it ends its process (measured: exit status
   255 on PP-OCRv4 det, "the 0th elementwise MUST be ir::FloatAttribute"), which must not take the
-  caller down; its error line is reported instead;
+  caller down; its error line is reported instead, with the op it failed on (its verbose log names
+  each op as it starts and finishes converting it);
 * with its graph optimizer off: that optimizer installs packages at run time (onnx-graphsurgeon
   through polygraphy) and may rewrite the weights whose names the QDQ writer looks up; both
   runtimes optimize the graph themselves when they load it;
@@ -17,6 +18,7 @@ names as initializer names and names activations ``p2o.pd_op.<op>.<n>.0``. It ru
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -40,7 +42,7 @@ _CONVERT = """
 import sys
 import paddle2onnx
 paddle2onnx.export(sys.argv[1], sys.argv[2], sys.argv[3], opset_version=int(sys.argv[4]), enable_optimize=False,
-                   enable_onnx_checker=False, verbose=False)
+                   enable_onnx_checker=False, verbose=True)
 """
 
 
@@ -53,6 +55,18 @@ def require_onnx() -> None:
         except ImportError as error:
             raise ExportError(f"ONNX export needs {module} ({error}); install it with: {ONNX_INSTALL}") \
                 from None
+
+
+#: paddle2onnx's verbose log: "Start export pd_op.nearest_interp, op_id: 1922", then "Finish export ..." once done.
+_STARTED = re.compile(r"Start export (\S+), op_id: (\d+)")
+_FINISHED = re.compile(r"Finish export \S+, op_id: (\d+)")
+
+
+def _failed_op(log: str) -> str | None:
+    """The op paddle2onnx started converting and never finished (its verbose log), or None."""
+    finished = set(_FINISHED.findall(log))
+    started = [(op, op_id) for op, op_id in _STARTED.findall(log) if op_id not in finished]
+    return f"{started[-1][0]} (op {started[-1][1]})" if started else None
 
 
 def _error_line(log: str) -> str:
@@ -81,6 +95,8 @@ def float_onnx(files: ModelFiles, opset: int = OPSET) -> onnx.ModelProto:
         if os.environ.get(PADDLE2ONNX_LOGS_ENV) == "1":
             sys.stderr.write(done.stdout + done.stderr)
         if done.returncode != 0 or not out.is_file():
-            raise ExportError(f"paddle2onnx could not convert {files.model_file.name}: "
-                              f"{_error_line(done.stdout + done.stderr) or f'exit status {done.returncode}'}")
+            log = done.stdout + done.stderr
+            op = _failed_op(log)
+            raise ExportError(f"paddle2onnx could not convert {files.model_file.name}{f' at {op}' if op else ''}: "
+                              f"{_error_line(log) or f'exit status {done.returncode}'}")
         return onnx.load(str(out))
