@@ -139,7 +139,7 @@ def test_mixed_precision_keeps_the_costliest_linears_in_int8_within_the_ratio():
     assert _error(mixed, float_out, x) < _error(plain, float_out, x)
     # the choice by hand: int4 output error per weight, largest first, until the int4 share is within 70 %
     rng = np.random.default_rng(3)
-    plans = {n: _Plan(rng.standard_normal((32, 32)) * scale, None, None, None) for n, scale in
+    plans = {n: _Plan(rng.standard_normal((32, 32)) * scale, None, None, None, 32) for n, scale in
              (("a", 1.0), ("b", 5.0), ("c", 2.0), ("d", 0.5))}
     for plan in plans.values():
         plan.quantize(WeightOnlyConfig(group_size=32), 4)
@@ -148,3 +148,20 @@ def test_mixed_precision_keeps_the_costliest_linears_in_int8_within_the_ratio():
     assert _promoted(plans, WeightOnlyConfig(group_size=32)) == []
     with pytest.raises(ConfigError, match=r"ratio=0 is not valid; use the share of weights at 4 bits, in \(0, 1\]"):
         WeightOnlyConfig(ratio=0)
+
+
+def test_a_group_size_that_does_not_divide_a_width_follows_the_fallback():
+    from qptq.weight_only.layer import layer_group
+
+    assert layer_group(576, WeightOnlyConfig(group_size=128, group_size_fallback="adjust")) == (4, 64)  # SmolLM2
+    assert layer_group(1536, WeightOnlyConfig(group_size=128, group_size_fallback="adjust")) == (4, 128)
+    assert layer_group(100, WeightOnlyConfig(group_size=128, group_size_fallback="adjust")) == (8, -1)  # int8 backup
+    assert layer_group(576, WeightOnlyConfig(group_size=128, group_size_fallback="ignore")) is None
+    with pytest.raises(ConfigError, match="group_size=128 does not divide the 576 input channels; use one of"):
+        layer_group(576, WeightOnlyConfig(group_size=128))
+    model = _model()  # 64-wide and 128-wide linears; group 128 adjusts to 64 on the 64-wide ones
+    result = quantize_(model, WeightOnlyConfig(group_size=128, group_size_fallback="adjust"))
+    assert {layer.name: layer.group_size for layer in result.layers} == {
+        "q": 64, "k": 64, "v": 64, "o": 64, "up": 64, "down": 128}
+    ignored = quantize_(_model(), WeightOnlyConfig(group_size=128, group_size_fallback="ignore"))
+    assert [layer.name for layer in ignored.layers] == ["down"]

@@ -33,6 +33,10 @@ from .clip_search import search_clip
 from .gptq import HessianAccumulator, gptq
 
 ALGOS = ("rtn", "gptq")
+#: What a linear whose width ``group_size`` does not divide gets (NNCF's names): a one-line error, the largest
+#: power-of-two group from ``group_size`` down to 32 that divides it (else int8 per channel), or float.
+GROUP_FALLBACKS = ("error", "adjust", "ignore")
+SMALLEST_ADJUSTED_GROUP = 32
 
 
 @dataclass(frozen=True)
@@ -41,8 +45,9 @@ class WeightOnlyConfig:
     channel); asymmetric (zero points) unless ``symmetric``; ``algo`` ``"rtn"`` (round to nearest) or
     ``"gptq"``; ``awq`` activation-aware scales first; ``clip_search`` per-group range search (with
     ``"rtn"``); ``ratio`` the share of the weights (by count) at ``bits`` when 4, the rest int8: the linears
-    whose 4-bit output error per weight is largest (mixed precision); linears whose full name matches one of
-    the ``skip`` regular expressions stay float."""
+    whose 4-bit output error per weight is largest (mixed precision); ``group_size_fallback`` what a linear
+    whose width ``group_size`` does not divide gets (:data:`GROUP_FALLBACKS`); linears whose full name
+    matches one of the ``skip`` regular expressions stay float."""
 
     bits: int = 4
     group_size: int = 128
@@ -51,11 +56,13 @@ class WeightOnlyConfig:
     awq: bool = False
     clip_search: bool = False
     ratio: float = 1.0
+    group_size_fallback: str = "error"
     skip: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         check_bits(self.bits)
         validate_choice("algo", self.algo, ALGOS)
+        validate_choice("group_size_fallback", self.group_size_fallback, GROUP_FALLBACKS)
         if not 0.0 < self.ratio <= 1.0:
             raise ConfigError(f"ratio={self.ratio!r} is not valid; use the share of weights at {self.bits} bits, "
                               "in (0, 1]")
@@ -155,6 +162,22 @@ def _default_run(model: Any, batch: Any) -> Any:
     return model(*(paddle.to_tensor(x) if isinstance(x, np.ndarray) else x for x in items))
 
 
+def layer_group(k: int, config: WeightOnlyConfig) -> tuple[int, int] | None:
+    """``(bits, group_size)`` for a linear of ``k`` input channels, None to leave it float (fallback
+    ``"ignore"``); one :class:`ConfigError` line for a group size that does not divide ``k`` under ``"error"``."""
+    size = config.group_size
+    if size == -1 or k % size == 0 or config.group_size_fallback == "error":
+        group_count(k, size)
+        return config.bits, size
+    if config.group_size_fallback == "ignore":
+        return None
+    while size >= SMALLEST_ADJUSTED_GROUP:
+        if k % size == 0:
+            return config.bits, size
+        size //= 2
+    return 8, -1
+
+
 @dataclass
 class _Plan:
     """One linear's float weight, input Hessian, AWQ scales and, once quantized, its codes and effective weight."""
@@ -163,6 +186,7 @@ class _Plan:
     hessian: np.ndarray | None
     scales: np.ndarray | None
     alpha: float | None
+    group_size: int
     codes: GroupCodes | None = None
     effective: np.ndarray | None = None
 
@@ -172,10 +196,10 @@ class _Plan:
             w = w * self.scales[:, None]
             h = h / np.outer(self.scales, self.scales)
         if config.algo == "gptq":
-            self.codes = gptq(w, h, bits, config.group_size, config.symmetric)
+            self.codes = gptq(w, h, bits, self.group_size, config.symmetric)
         else:
-            clip = search_clip(w, h, bits, config.group_size, config.symmetric) if config.clip_search else 1.0
-            self.codes = quantize_groups(w, bits, config.group_size, config.symmetric, clip)
+            clip = search_clip(w, h, bits, self.group_size, config.symmetric) if config.clip_search else 1.0
+            self.codes = quantize_groups(w, bits, self.group_size, config.symmetric, clip)
         effective = self.codes.dequantize().astype(np.float64)
         self.effective = effective if self.scales is None else effective / self.scales[:, None]
 
@@ -219,9 +243,8 @@ def quantize_(model: Any, config: WeightOnlyConfig, calibration: Iterable[Any] |
     import paddle
 
     start = time.perf_counter()
-    linears = _linears(model, config.skip)
-    for _, layer in linears:
-        group_count(int(layer.weight.shape[0]), config.group_size)  # a bad group size fails before any work
+    groups = {name: layer_group(int(layer.weight.shape[0]), config) for name, layer in _linears(model, config.skip)}
+    linears = [(name, layer) for name, layer in _linears(model, config.skip) if groups[name] is not None]
     if config.calibrated and calibration is None:
         raise ConfigError(f"algo={config.algo!r}{', awq' if config.awq else ''}"
                           f"{', clip_search' if config.clip_search else ''} needs calibration batches; pass "
@@ -236,12 +259,13 @@ def quantize_(model: Any, config: WeightOnlyConfig, calibration: Iterable[Any] |
         weights = {n: by_name[n].weight.numpy().astype(np.float64) for n in names}
         h = hessians[names[0]].hessian() if hessians else None
         scales, alpha = None, None
+        bits, size = groups[names[0]]  # one width: one group
         if config.awq:
-            found = search_scales(list(weights.values()), h, config.bits, config.group_size, config.symmetric)
+            found = search_scales(list(weights.values()), h, bits, size, config.symmetric)
             scales, alpha = found.scales, found.alpha
         for n in names:
-            plans[n] = _Plan(weights[n], h, scales, alpha)
-            plans[n].quantize(config, config.bits)
+            plans[n] = _Plan(weights[n], h, scales, alpha, size)
+            plans[n].quantize(config, bits)
     for n in _promoted(plans, config):
         plans[n].quantize(config, 8)
     result = WeightOnlyResult()
