@@ -121,6 +121,9 @@ def test_the_quantized_model_is_saved_with_its_onnx_export(for_onnxruntime, floa
     assert {writer(n.input[0]) for n in quantizes} >= {"Conv", "Relu", "input"}
     relu_inputs = {n.input[0] for n in model.graph.node if n.op_type == "Relu"}
     assert not relu_inputs & {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    # the pool, asked for by type, gets its output quantized too: ONNX Runtime runs it int8 then
+    kinds = _ort_optimized_kinds(out / ONNX_FILE, out.parent)
+    assert kinds["QLinearAveragePool"] == 1 and kinds["AveragePool"] == 0
 
 
 def test_weight_scales_are_the_paddle_models_steps_with_batch_norm_folded(for_onnxruntime, float_model):

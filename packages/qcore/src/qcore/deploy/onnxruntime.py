@@ -94,7 +94,8 @@ class OnnxRuntimeTarget(OnnxTarget):
             return extra, float_inputs
         planned = {t.op.key for t in [*targets, *extra]}
         writers = [t.op for t in targets if t.weight is not None and kind_of(t.op.seed_type) in CONV_KINDS]
-        writers += [t.op for t in extra if t.op.seed_type == "elementwise_add"]
+        writers += [t.op for t in [*targets, *extra] if _averaging_pool(graph, t.op) or (
+            t.op.seed_type == "elementwise_add" and graph.added_param(t.op) is None)]
         while writers:
             found = self._output_readers(graph, writers)
             writers = []
