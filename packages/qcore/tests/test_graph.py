@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import numpy as np
+import paddle
 import pytest
 
 from qcore.deploy import get_target
@@ -9,6 +10,7 @@ from qcore.graph import backend_names, open_graph
 from qcore.inference import predict
 from qcore.model_io import load_model
 from qcore.quant import fake_quantize
+from qdemo.testing import save_tiny_net
 
 QUANTIZABLE = ["conv2d", "depthwise_conv2d", "mul"]
 
@@ -171,3 +173,22 @@ def test_bad_thresholds_and_bits(tiny_model):
         g.insert_act_qdq(act, 1.0, 1)
     with pytest.raises(GraphError, match="not a parameter"):
         g.quantize_weight(act, 8)
+
+
+@pytest.mark.parametrize("fmt", ["pir", "legacy_pdmodel"])
+def test_calibration_runs_a_transposed_conv_in_either_ir(tmp_path, fmt):
+    """Paddle 3.3.1's executor builds a PIR conv2d_transpose's oneDNN kernel with is_test false, which it refuses
+    ("ConvTransposeOneDNN works only for inference"); such programs run on Paddle's own kernels."""
+    paddle.seed(0)
+    net = paddle.nn.Sequential(paddle.nn.Conv2D(3, 4, 3, padding=1), paddle.nn.Conv2DTranspose(4, 2, 2, stride=2))
+    net.eval()
+    save_tiny_net(net, tmp_path / fmt, fmt, [paddle.static.InputSpec([None, 3, 6, 6], "float32", "x")])
+    graph = open_graph(load_model(tmp_path / fmt))
+    x = np.random.default_rng(0).standard_normal((2, 3, 6, 6)).astype("float32")
+    flag = paddle.get_flags(["FLAGS_use_mkldnn"])["FLAGS_use_mkldnn"]
+    with graph.calibration_run():
+        on_onednn = paddle.get_flags(["FLAGS_use_mkldnn"])["FLAGS_use_mkldnn"]
+        (got,) = graph.run({"x": x})
+    assert on_onednn == (fmt != "pir" and paddle.base.core.is_compiled_with_mkldnn())
+    assert paddle.get_flags(["FLAGS_use_mkldnn"])["FLAGS_use_mkldnn"] == flag
+    np.testing.assert_allclose(got, net(paddle.to_tensor(x)).numpy(), rtol=1e-5, atol=1e-5)

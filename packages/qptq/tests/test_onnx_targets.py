@@ -25,16 +25,10 @@ F = paddle.nn.functional
 
 
 class EveryKind(paddle.nn.Layer):
-    """conv + batch norm + relu, depthwise conv + hardswish, transposed conv, a residual add, an average pool, an fc.
+    """conv + batch norm + relu, depthwise conv + hardswish, transposed conv, a residual add, an average pool, an fc."""
 
-    ``transposed=False`` leaves the transposed conv out: Paddle 3.3.1's executor refuses to run a PIR
-    ``conv2d_transpose`` on CPU ("ConvTransposeOneDNN works only for inference"), so PIR models with
-    one cannot be calibrated.
-    """
-
-    def __init__(self, transposed: bool = True) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.transposed = transposed
         self.conv = paddle.nn.Conv2D(3, 8, 3, padding=1)
         self.bn = paddle.nn.BatchNorm2D(8)
         self.depthwise = paddle.nn.Conv2D(8, 8, 3, padding=1, groups=8)
@@ -46,7 +40,7 @@ class EveryKind(paddle.nn.Layer):
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         y = F.relu(self.bn(self.conv(x)))
         z = F.hardswish(self.depthwise(y))
-        y = y + (self.down(F.relu(self.up(z))) if self.transposed else z)
+        y = y + self.down(F.relu(self.up(z)))
         return self.fc(paddle.flatten(self.pool(y), 2).transpose([0, 2, 1]))  # [N, 16, 16]
 
 
@@ -63,7 +57,7 @@ def float_model(request, tmp_path_factory):
     """EveryKind with trained-looking batch-norm statistics, saved in one IR; and 16 inputs."""
     directory = tmp_path_factory.mktemp(request.param)
     paddle.seed(0)
-    net = EveryKind(transposed=request.param == "legacy")
+    net = EveryKind()
     rng = np.random.default_rng(0)
     net.bn._mean.set_value(rng.normal(0, 0.3, 8).astype("float32"))
     net.bn._variance.set_value(rng.uniform(0.5, 2.0, 8).astype("float32"))
@@ -89,16 +83,15 @@ def for_onnxruntime(float_model):
 
 def test_the_quantized_model_is_saved_with_its_onnx_export(for_onnxruntime, float_model):
     out, _, _ = for_onnxruntime
-    transposed = float_model[2].transposed
     model = onnx.load(str(out / ONNX_FILE))
     onnx.checker.check_model(model)
     kinds = collections.Counter(n.op_type for n in model.graph.node)
     # every conv kind, the fc and the pool read QDQ'd inputs; one pair per reader: as many Q as DQ on activations
-    assert kinds["Conv"] == 2 + transposed and kinds["ConvTranspose"] == transposed and kinds["MatMul"] == 1
+    assert kinds["Conv"] == 3 and kinds["ConvTranspose"] == 1 and kinds["MatMul"] == 1
     assert kinds["BatchNormalization"] == 0  # folded into the conv's int8 weight steps
     weights = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0].endswith(".int8")]
-    # conv, depthwise, (down,) fc; the transposed conv stays float for ONNX (OnnxTarget.float_ops)
-    assert len(weights) == 3 + transposed
+    # conv, depthwise, down, fc; the transposed conv stays float for ONNX (OnnxTarget.float_ops)
+    assert len(weights) == 4
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     for node in weights:
         assert inits[node.input[0]].dtype == np.int8 and np.abs(inits[node.input[0]]).max() <= 127
@@ -159,16 +152,17 @@ def test_deployed_equals_simulated_on_both_runtimes(for_onnxruntime, runtime):
 
 
 def test_the_openvino_runtime_reads_legacy_programs_itself_and_pir_through_onnx(float_model, tmp_path, monkeypatch):
-    directory, x, net = float_model
+    directory, x, _ = float_model
     monkeypatch.setenv("QCORE_OPENVINO_PRECISION", "f32")  # the float layers in bf16 (this CPU's default) add ~1 %
     out = tmp_path / "ov"
     report = quant_post_static(None, directory / "float", out, sample_generator=lambda: iter(x), batch_size=8,
                       algo="abs_max", quantizable_op_type=OP_TYPES, optimize_model=True,
                       deploy_backend="openvino-runtime", save_model_filename=None, save_params_filename=None)
-    legacy = net.transposed  # the legacy fixture has the transposed conv
+    legacy = load_model(directory / "float").family == "legacy"
     assert (out / ONNX_FILE).exists() != legacy  # legacy: OpenVINO's Paddle frontend reads inference.pdmodel
-    transposed = [layer for layer in report["layers"] if layer["op"] == "conv2d_transpose"]
-    assert len(transposed) == legacy and not any("left_float" in layer for layer in transposed)  # int8 there
+    (transposed,) = [layer for layer in report["layers"] if layer["op"] == "conv2d_transpose"]
+    # int8 from the Paddle frontend; the ONNX export cannot place its QDQ
+    assert ("left_float" in transposed) != legacy
     predictor = create_predictor(out, backend="openvino-runtime")
     assert predictor.onnx_file.suffix == (".pdmodel" if legacy else ".onnx")
     simulated = load_model(out).run({"x": x})[0]
@@ -204,14 +198,14 @@ def test_bad_export_requests_are_refused_in_one_line(for_onnxruntime, tmp_path):
 
 
 def test_dynamic_int8_matmuls_for_onnxruntime(float_model, tmp_path):
-    directory, x, net = float_model
+    directory, x, _ = float_model
     files = quant_post_dynamic(str(directory / "float"), str(tmp_path / "dyn"), deploy_backend="onnxruntime",
                                quantizable_op_type=["conv2d", "mul"])
     model = onnx.load(str(tmp_path / "dyn" / ONNX_FILE))
     kinds = collections.Counter(n.op_type for n in model.graph.node)
-    # the fc quantizes its input at run time; convs (conv, and down when present) stay weight-only
+    # the fc quantizes its input at run time; convs (conv, down) stay weight-only
     assert kinds["DynamicQuantizeLinear"] == kinds["MatMulInteger"] == 1 and kinds["MatMul"] == 0
-    assert kinds["DequantizeLinear"] == 1 + net.transposed
+    assert kinds["DequantizeLinear"] == 2
     simulated = load_model(files).run({"x": x})[0]  # weight-only: the input of the fc stays float here
     deployed = run_predictor(create_predictor(tmp_path / "dyn" / ONNX_FILE, backend="onnxruntime"), {"x": x})[0]
     assert 0 < _relative_l2(deployed, simulated) < 2e-2  # the run-time 8-bit input of the fc

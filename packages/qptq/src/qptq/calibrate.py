@@ -18,7 +18,6 @@ from qcore.deploy import OpTarget
 from qcore.errors import DataError
 from qcore.graph import Graph, Operand
 from qcore.observers import HistogramObserver
-from qcore.paddle_env import onednn_kernels
 
 try:
     from tqdm import tqdm
@@ -107,8 +106,7 @@ def calibrate(
     result.activation_samples = {n: [] for n in names} if keep_samples > 0 else {}
     fetch = [unique[n].value for n in names]
     iterator = _progress(batches) if progress else batches
-    # is_test on: oneDNN's conv2d_transpose kernel runs only with it, and an inference program means it anyway
-    with onednn_kernels(), graph.test_mode():
+    with graph.calibration_run():
         _observe(graph, iterator, names, fetch, result, keep_samples)
     return result
 
@@ -130,7 +128,7 @@ def _counted(batches: Iterable[dict[str, np.ndarray]]) -> Iterator[dict[str, np.
 
 def run_batches(graph: Graph, batches: Iterable[dict[str, np.ndarray]]) -> list[np.ndarray]:
     """Every output of ``graph`` on every batch, run as calibration runs it (oneDNN float kernels)."""
-    with onednn_kernels(), graph.test_mode():
+    with graph.calibration_run():
         return [out for feed in batches for out in _run(graph, feed, graph.model.fetch_targets)]
 
 

@@ -23,7 +23,7 @@ from ..errors import GraphError
 from ..model_io import Model, ModelFiles, save_model
 from ..optable import OP_TABLE, backend_names, spec
 from ..packing import MAX_PACKED_BITS, byte_values, codes_per_byte, field_bits, pack_codes, signed_fields
-from ..paddle_env import static_mode
+from ..paddle_env import onednn_kernels, static_mode
 from ..quant import abs_max, bounded_thresholds, dequantize, qmax, quantize, scale_from_threshold
 
 
@@ -326,6 +326,18 @@ class Graph(ABC):
         finally:
             for raw in changed:
                 self._set_is_test(raw, False)
+
+    @contextlib.contextmanager
+    def calibration_run(self) -> Iterator[None]:
+        """For the body, :meth:`run` runs as calibration does: in :meth:`test_mode` (an inference program
+        means it; oneDNN's conv2d_transpose runs only so), on oneDNN's float kernels (faster) unless the
+        executor cannot run one of the program's ops on them."""
+        with onednn_kernels() if self._runs_on_onednn() else contextlib.nullcontext(), self.test_mode():
+            yield
+
+    def _runs_on_onednn(self) -> bool:
+        """Whether ``paddle.static.Executor`` runs every op of the program on oneDNN's float kernels."""
+        return True
 
     @abstractmethod
     def _training_ops(self) -> list[Any]:

@@ -158,6 +158,12 @@ class PirGraph(Graph):
     def retype(self, op: OpRef, op_type: str) -> None:
         raise GraphError(f"{op!r}: a PIR op's type is fixed when it is built; build a {op_type} op instead")
 
+    def _runs_on_onednn(self) -> bool:
+        # Paddle 3.3.1's executor builds a PIR op's oneDNN kernel with that kernel's extra attributes at
+        # their defaults, whatever the op holds: ``is_test`` false, which oneDNN's conv2d_transpose refuses
+        # ("ConvTransposeOneDNN works only for inference"). Its reference CPU kernel runs it.
+        return all(raw.name() != "pd_op.conv2d_transpose" for raw in self.block.ops)
+
     def _training_ops(self) -> list[Any]:
         return [raw for raw in self.block.ops if raw.attrs().get("is_test") is False]
 
