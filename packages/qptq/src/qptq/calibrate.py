@@ -127,7 +127,7 @@ def _counted(batches: Iterable[dict[str, np.ndarray]]) -> Iterator[dict[str, np.
 
 
 def run_batches(graph: Graph, batches: Iterable[dict[str, np.ndarray]]) -> list[np.ndarray]:
-    """Every output of ``graph`` on every batch, run as calibration runs it (oneDNN float kernels)."""
+    """Every output of ``graph`` on every batch, run as calibration runs it (:meth:`Graph.calibration_run`)."""
     with graph.calibration_run():
         return [out for feed in batches for out in _run(graph, feed, graph.model.fetch_targets)]
 
