@@ -128,6 +128,7 @@ def _calibrate(model: Any, linears: list[tuple[str, Any]], batches: Iterable[Any
 
     sums = {name: HessianAccumulator(int(layer.weight.shape[0])) for name, layer in linears}
     readers: dict[int, list[str]] = {}
+    held: list[Any] = []  # the first batch's inputs stay alive, so that no two of them share an id
     first = [True]
 
     def hook(name: str) -> Callable[[Any, tuple[Any, ...]], None]:
@@ -135,6 +136,7 @@ def _calibrate(model: Any, linears: list[tuple[str, Any]], batches: Iterable[Any
             sums[name].update(inputs[0].numpy())
             if first[0]:
                 readers.setdefault(id(inputs[0]), []).append(name)
+                held.append(inputs[0])
         return pre
 
     handles = [layer.register_forward_pre_hook(hook(name)) for name, layer in linears]
@@ -143,6 +145,7 @@ def _calibrate(model: Any, linears: list[tuple[str, Any]], batches: Iterable[Any
             for batch in batches:
                 run(model, batch)
                 first[0] = False
+                held.clear()
     finally:
         for handle in handles:
             handle.remove()
