@@ -8,7 +8,8 @@ import paddle
 import pytest
 
 from qcore.errors import ConfigError, DataError
-from qptq.weight_only.layer import WeightOnlyConfig, quantize_
+from qptq.weight_only.config import WeightOnlyConfig
+from qptq.weight_only.layer import quantize_
 
 onnx = pytest.importorskip("onnx")
 F = paddle.nn.functional
@@ -124,7 +125,7 @@ def test_bad_weight_only_input_is_one_line_before_any_work():
 
 
 def test_mixed_precision_keeps_the_costliest_linears_in_int8_within_the_ratio():
-    from qptq.weight_only.layer import _Plan, _promoted
+    from qptq.weight_only.plan import WeightPlan, promoted
 
     x = np.concatenate([b.reshape(-1, 64) for b in _batches(9)])[None]
     float_out = _model()(paddle.to_tensor(x)).numpy()
@@ -139,19 +140,19 @@ def test_mixed_precision_keeps_the_costliest_linears_in_int8_within_the_ratio():
     assert _error(mixed, float_out, x) < _error(plain, float_out, x)
     # the choice by hand: int4 output error per weight, largest first, until the int4 share is within 70 %
     rng = np.random.default_rng(3)
-    plans = {n: _Plan(rng.standard_normal((32, 32)) * scale, None, None, None, 32) for n, scale in
+    plans = {n: WeightPlan(rng.standard_normal((32, 32)) * scale, None, None, None, 32) for n, scale in
              (("a", 1.0), ("b", 5.0), ("c", 2.0), ("d", 0.5))}
     for plan in plans.values():
         plan.quantize(WeightOnlyConfig(group_size=32), 4)
-    assert _promoted(plans, WeightOnlyConfig(group_size=32, ratio=0.5)) == ["b", "c"]
-    assert _promoted(plans, WeightOnlyConfig(group_size=32, ratio=0.75)) == ["b"]
-    assert _promoted(plans, WeightOnlyConfig(group_size=32)) == []
+    assert promoted(plans, WeightOnlyConfig(group_size=32, ratio=0.5)) == ["b", "c"]
+    assert promoted(plans, WeightOnlyConfig(group_size=32, ratio=0.75)) == ["b"]
+    assert promoted(plans, WeightOnlyConfig(group_size=32)) == []
     with pytest.raises(ConfigError, match=r"ratio=0 is not valid; use the share of weights at 4 bits, in \(0, 1\]"):
         WeightOnlyConfig(ratio=0)
 
 
 def test_a_group_size_that_does_not_divide_a_width_follows_the_fallback():
-    from qptq.weight_only.layer import layer_group
+    from qptq.weight_only.config import layer_group
 
     assert layer_group(576, WeightOnlyConfig(group_size=128, group_size_fallback="adjust")) == (4, 64)  # SmolLM2
     assert layer_group(1536, WeightOnlyConfig(group_size=128, group_size_fallback="adjust")) == (4, 128)

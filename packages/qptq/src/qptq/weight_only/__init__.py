@@ -4,3 +4,8 @@ corrects each input channel's rounding error on the channels not yet quantized; 
 channels by their activations before rounding; :mod:`.clip_search` shrinks each group's range. All score
 candidates by the layer output error on calibration inputs, through the input Hessian
 (:class:`.gptq.HessianAccumulator`)."""
+
+from .config import WeightOnlyConfig
+from .layer import quantize_
+
+__all__ = ["WeightOnlyConfig", "quantize_"]

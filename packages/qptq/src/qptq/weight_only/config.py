@@ -1,0 +1,77 @@
+"""What weight-only quantization does (:class:`WeightOnlyConfig`) and the group each linear gets."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from qcore.config import validate_choice
+from qcore.errors import ConfigError
+from qcore.groupwise import check_bits, group_count
+
+ALGOS = ("rtn", "gptq")
+#: What a linear whose width ``group_size`` does not divide gets (NNCF's names): a one-line error, the largest
+#: power-of-two group from ``group_size`` down to 32 that divides it (else int8 per channel), or float.
+GROUP_FALLBACKS = ("error", "adjust", "ignore")
+SMALLEST_ADJUSTED_GROUP = 32
+
+
+@dataclass(frozen=True)
+class WeightOnlyConfig:
+    """What weight-only quantization (:func:`qptq.weight_only.layer.quantize_`) does.
+
+    ``bits`` 4 or 8; ``group_size`` input channels per step (-1: per output channel); asymmetric (zero
+    points) unless ``symmetric``; ``algo`` ``"rtn"`` (round to nearest) or ``"gptq"``; ``awq``
+    activation-aware scales first; ``clip_search`` per-group range search (with ``"rtn"``); ``ratio`` the
+    share of the weights (by count) at ``bits`` when 4, the rest int8: the linears whose 4-bit output error
+    per weight is largest (mixed precision); ``group_size_fallback`` what a linear whose width
+    ``group_size`` does not divide gets (:data:`GROUP_FALLBACKS`); linears whose full name matches one of
+    the ``skip`` regular expressions stay float.
+    """
+
+    bits: int = 4
+    group_size: int = 128
+    symmetric: bool = False
+    algo: str = "rtn"
+    awq: bool = False
+    clip_search: bool = False
+    ratio: float = 1.0
+    group_size_fallback: str = "error"
+    skip: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        check_bits(self.bits)
+        validate_choice("algo", self.algo, ALGOS)
+        validate_choice("group_size_fallback", self.group_size_fallback, GROUP_FALLBACKS)
+        if not 0.0 < self.ratio <= 1.0:
+            raise ConfigError(f"ratio={self.ratio!r} is not valid; use the share of weights at {self.bits} bits, "
+                              "in (0, 1]")
+        if self.clip_search and self.algo == "gptq":
+            raise ConfigError("clip_search chooses the grids GPTQ chooses itself; use it with algo='rtn'")
+        for pattern in self.skip:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"skip pattern {pattern!r} is not a regular expression: {exc}") from None
+
+    @property
+    def calibrated(self) -> bool:
+        return self.algo == "gptq" or self.awq or self.clip_search
+
+
+
+def layer_group(k: int, config: WeightOnlyConfig) -> tuple[int, int] | None:
+    """``(bits, group_size)`` for a linear of ``k`` input channels, None to leave it float (fallback
+    ``"ignore"``); one :class:`ConfigError` line for a group size that does not divide ``k`` under ``"error"``."""
+    size = config.group_size
+    if size == -1 or k % size == 0 or config.group_size_fallback == "error":
+        group_count(k, size)
+        return config.bits, size
+    if config.group_size_fallback == "ignore":
+        return None
+    while size >= SMALLEST_ADJUSTED_GROUP:
+        if k % size == 0:
+            return config.bits, size
+        size //= 2
+    return 8, -1

@@ -1,0 +1,145 @@
+"""Codes for a set of matmul weights, whatever holds them (a ``paddle.nn.Layer``, a saved program): each weight's
+algorithms in NNCF's order (AWQ-style scales shared by the weights reading one input, then clip search or
+GPTQ), mixed precision across them, and the report."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from qcore.groupwise import GroupCodes, quantize_groups
+
+from .awq import search_scales
+from .clip_search import search_clip
+from .config import WeightOnlyConfig, layer_group
+from .gptq import gptq
+
+
+@dataclass
+class LayerReport:
+    name: str
+    weight: str
+    shape: tuple[int, int]
+    bits: int
+    group_size: int
+    output_error: float | None  # relative layer output error on the calibration inputs (None without them)
+    awq_alpha: float | None = None
+
+
+@dataclass
+class WeightOnlyResult:
+    """What weight-only quantization did: codes (and AWQ input scales) by weight name, a row per linear."""
+
+    codes: dict[str, GroupCodes] = field(default_factory=dict)
+    input_scales: dict[str, np.ndarray] = field(default_factory=dict)  # weight name -> divide the input by it
+    layers: list[LayerReport] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def size_bytes(self) -> int:
+        """Bytes of the codes (packed), steps (fp32) and zero points (packed) of every quantized linear."""
+        total = 0
+        for q in self.codes.values():
+            k, n = q.codes.shape
+            groups = k // q.group_size
+            zero_bytes = 0 if q.zero_points is None else -(-groups * n * q.bits // 8)
+            total += k * n * q.bits // 8 + groups * n * 4 + zero_bytes
+        return total
+
+
+@dataclass
+class WeightPlan:
+    """One linear's float weight, input Hessian, AWQ scales and, once quantized, its codes and effective weight."""
+
+    weight: np.ndarray
+    hessian: np.ndarray | None
+    scales: np.ndarray | None
+    alpha: float | None
+    group_size: int
+    codes: GroupCodes | None = None
+    effective: np.ndarray | None = None
+
+    def quantize(self, config: WeightOnlyConfig, bits: int) -> None:
+        w, h = self.weight, self.hessian
+        if self.scales is not None:  # the weight rows times s read the input divided by s: its Hessian scales too
+            w = w * self.scales[:, None]
+            h = h / np.outer(self.scales, self.scales)
+        if config.algo == "gptq":
+            self.codes = gptq(w, h, bits, self.group_size, config.symmetric)
+        else:
+            clip = search_clip(w, h, bits, self.group_size, config.symmetric) if config.clip_search else 1.0
+            self.codes = quantize_groups(w, bits, self.group_size, config.symmetric, clip)
+        effective = self.codes.dequantize().astype(np.float64)
+        self.effective = effective if self.scales is None else effective / self.scales[:, None]
+
+    def output_error(self) -> float:
+        """``tr(D^T H D)`` of the weight change (``||D||^2`` without calibration inputs)."""
+        d = self.effective - self.weight
+        return float(np.einsum("in,ij,jn->", d, self.hessian, d)) if self.hessian is not None else float(np.sum(d * d))
+
+    def relative_error(self) -> float | None:
+        """The layer output error relative to its output on the calibration inputs (None without them)."""
+        if self.hessian is None:
+            return None
+        w = self.weight
+        return float(np.sqrt(self.output_error() / np.einsum("in,ij,jn->", w, self.hessian, w)))
+
+
+def promoted(plans: Mapping[str, WeightPlan], config: WeightOnlyConfig) -> list[str]:
+    """The linears kept in int8 so that at most ``config.ratio`` of the weights (by count) are ``config.bits``:
+    those whose low-bit output error per weight is largest first."""
+    if config.ratio >= 1.0:
+        return []
+    total = sum(p.weight.size for p in plans.values())
+    low = total
+    chosen = []
+    for name in sorted(plans, key=lambda n: -plans[n].output_error() / plans[n].weight.size):
+        if low <= config.ratio * total:
+            break
+        chosen.append(name)
+        low -= plans[name].weight.size
+    return chosen
+
+
+
+def quantize_weights(
+    weights: Mapping[str, np.ndarray],
+    names: Mapping[str, str],
+    hessians: Mapping[str, np.ndarray] | None,
+    shared: Sequence[Sequence[str]],
+    config: WeightOnlyConfig,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[WeightOnlyResult, dict[str, np.ndarray]]:
+    """Codes of every weight (``[in, out]`` by key) whose group ``config`` allows, and the float weights
+    they stand for (divided by AWQ's scales). ``names``: the weight's parameter name by key (what the ONNX
+    writers look up); ``hessians``: its input Hessian by key (None: round to nearest only); ``shared``: the
+    keys reading one input, which share AWQ's scales."""
+    plans: dict[str, WeightPlan] = {}
+    for keys in shared:
+        keys = [k for k in keys if layer_group(weights[k].shape[0], config) is not None]
+        if not keys:
+            continue
+        bits, size = layer_group(weights[keys[0]].shape[0], config)  # one input width: one group
+        h = hessians[keys[0]] if hessians is not None else None
+        scales, alpha = None, None
+        if config.awq:
+            found = search_scales([weights[k] for k in keys], h, bits, size, config.symmetric)
+            scales, alpha = found.scales, found.alpha
+        for k in keys:
+            plans[k] = WeightPlan(np.asarray(weights[k], np.float64), h, scales, alpha, size)
+            plans[k].quantize(config, bits)
+            if progress is not None:
+                progress(k)
+    for k in promoted(plans, config):
+        plans[k].quantize(config, 8)
+    result = WeightOnlyResult()
+    effective = {}
+    for k, plan in plans.items():
+        effective[k] = plan.effective
+        result.codes[names[k]] = plan.codes
+        if plan.scales is not None:
+            result.input_scales[names[k]] = plan.scales.astype(np.float32)
+        result.layers.append(LayerReport(k, names[k], tuple(plan.weight.shape), plan.codes.bits,
+                                         plan.codes.group_size, plan.relative_error(), plan.alpha))
+    return result, effective
