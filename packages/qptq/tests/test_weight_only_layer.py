@@ -166,3 +166,64 @@ def test_a_group_size_that_does_not_divide_a_width_follows_the_fallback():
         "q": 64, "k": 64, "v": 64, "o": 64, "up": 64, "down": 128}
     ignored = quantize_(_model(), WeightOnlyConfig(group_size=128, group_size_fallback="ignore"))
     assert [layer.name for layer in ignored.layers] == ["down"]
+
+
+def _mlp() -> paddle.nn.Layer:
+    paddle.seed(1)
+    net = paddle.nn.Sequential(paddle.nn.Linear(64, 128), paddle.nn.ReLU(), paddle.nn.Linear(128, 64))
+    net.eval()
+    return net
+
+
+@pytest.mark.parametrize("family", ["pir", "legacy_pdmodel"])
+def test_quant_post_dynamic_int4_on_a_saved_model_writes_the_simulation_and_matmul_nbits(tmp_path, family):
+    import onnxruntime as ort
+
+    from qcore.deploy.onnx_runtimes import ONNX_FILE
+    from qcore.model_io import load_model
+    from qdemo.testing import save_tiny_net
+    from qptq import quant_post_dynamic
+
+    spec = [paddle.static.InputSpec([None, 64], "float32", "x")]
+    save_tiny_net(_mlp(), tmp_path / "float", family, spec)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "float").iterdir()}
+    rng = np.random.default_rng(0)
+    # batches differ in shape; GPTQ needs more rows than inputs (a Hessian from fewer overfits them)
+    batches = [rng.standard_normal((n, 64)).astype("float32") for n in (96, 80, 128, 112)]
+    x = rng.standard_normal((6, 64)).astype("float32")
+    float_out = load_model(tmp_path / "float").run({"x": x})[0]
+    errors = {}
+    for algo in ("rtn", "gptq"):
+        out = tmp_path / algo
+        files = quant_post_dynamic(str(tmp_path / "float"), str(out), weight_bits=4, group_size=32, algo=algo,
+                                   deploy_backend="onnxruntime", batch_generator=lambda: iter(batches))
+        simulated = load_model(files).run({"x": x})[0]
+        errors[algo] = float(np.linalg.norm(simulated - float_out) / np.linalg.norm(float_out))
+        model = onnx.load(str(out / ONNX_FILE))
+        nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+        assert len(nbits) == 2 and not [n for n in model.graph.node if n.op_type == "MatMul"]
+        assert {a.name: a.i for a in nbits[0].attribute}["accuracy_level"] == 4
+        deployed = ort.InferenceSession(str(out / ONNX_FILE), providers=["CPUExecutionProvider"]).run(
+            None, {"x": x})[0]
+        assert np.linalg.norm(deployed - simulated) / np.linalg.norm(simulated) < 2e-2
+    # the layer API on the same float net gives the same round-to-nearest codes: one rule for both holders
+    layer = _mlp()
+    quantize_(layer, WeightOnlyConfig(group_size=32))
+    np.testing.assert_allclose(layer(paddle.to_tensor(x)).numpy(), load_model(tmp_path / "rtn").run({"x": x})[0],
+                               rtol=1e-5, atol=1e-5)
+    assert errors["gptq"] < errors["rtn"] < 0.1, errors
+    assert {p.name: p.read_bytes() for p in (tmp_path / "float").iterdir()} == before  # the input is untouched
+
+
+def test_quant_post_dynamic_int4_refuses_what_it_cannot_deploy_before_any_work(tmp_path):
+    from qdemo.testing import save_tiny_net
+    from qptq import quant_post_dynamic
+
+    save_tiny_net(_mlp(), tmp_path / "float", "pir", [paddle.static.InputSpec([None, 64], "float32", "x")])
+    with pytest.raises(ConfigError, match="deploy_backend='onednn' has no int4 or group-wise matmul kernel"):
+        quant_post_dynamic(str(tmp_path / "float"), str(tmp_path / "a"), weight_bits=4, deploy_backend="onednn")
+    with pytest.raises(ConfigError, match="group_size=48 does not divide the 64 input channels"):
+        quant_post_dynamic(str(tmp_path / "float"), str(tmp_path / "b"), weight_bits=4, group_size=48)
+    with pytest.raises(ConfigError, match="needs calibration data"):
+        quant_post_dynamic(str(tmp_path / "float"), str(tmp_path / "c"), weight_bits=4, group_size=32, algo="gptq")
+    assert not any((tmp_path / d).exists() for d in "abc")

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from qcore.config import validate_choice, validate_names
 from qcore.constants import WEIGHT_QUANTIZE_TYPES
@@ -21,6 +22,8 @@ from qcore.model_io import ModelFiles, check_model_output, load_model
 from qcore.optable import seed_types, weighted_kinds
 
 from .naming import SEED_MODEL_FILENAME, SEED_PARAMS_FILENAME, output_names
+from .weight_only.config import WeightOnlyConfig
+from .weight_only.saved import quant_post_weight_only
 
 log = logging.getLogger(__name__)
 #: Every op type with a quantizable weight (conv, fc, ...; embedding tables are :mod:`qembed`'s).
@@ -42,6 +45,14 @@ def quant_post_dynamic(
     weight_quantize_type: str = "channel_wise_abs_max",
     *,
     deploy_backend: str | None = None,
+    group_size: int | None = None,
+    algo: str | None = None,
+    weight_only: WeightOnlyConfig | None = None,
+    sample_generator: Callable[[], Iterable[Any]] | None = None,
+    batch_generator: Callable[[], Iterable[Any]] | None = None,
+    data_loader: Iterable[Any] | None = None,
+    batch_size: int = 16,
+    batch_nums: int | None = None,
 ) -> ModelFiles:
     """Store the weights of ``quantizable_op_type`` ops as int8/int16 and save the model.
 
@@ -53,11 +64,26 @@ def quant_post_dynamic(
     ``deploy_backend`` (see :mod:`qcore.deploy`) decides how weights the runtime cannot read as int8
     are handled: the default (oneDNN's rules) keeps a legacy ``conv2d_transpose`` float, ``"openvino"``
     stores it int8 read through cast -> multiply.
+
+    Group-wise weight-only quantization of matmuls (LLMs, :mod:`qptq.weight_only`) runs instead when
+    ``weight_bits=4``, ``group_size`` or ``algo`` (``"rtn"``, ``"gptq"``) is given, or a whole
+    ``weight_only`` config: see :func:`quant_post_weight_only`; ``sample_generator`` / ``batch_generator``
+    / ``data_loader`` (``batch_size``, ``batch_nums``) feed its calibration.
     """
+    if weight_only is not None or weight_bits == 4 or group_size is not None or algo is not None:
+        config = weight_only or WeightOnlyConfig(bits=weight_bits, group_size=128 if group_size is None else group_size,
+                                                 algo=algo or "rtn")
+        return quant_post_weight_only(
+            model_dir, save_model_dir, config, model_filename=model_filename, params_filename=params_filename,
+            save_model_filename=save_model_filename, save_params_filename=save_params_filename,
+            quantizable_op_type=quantizable_op_type, deploy_backend=deploy_backend,
+            sample_generator=sample_generator, batch_generator=batch_generator, data_loader=data_loader,
+            batch_size=batch_size, batch_nums=batch_nums)[0]
     deployment = Deployment(deploy_backend)
     if isinstance(weight_bits, bool) or not isinstance(weight_bits, int) or weight_bits not in (8, 16):
         raise ConfigError(
-            f"weight_bits={weight_bits!r} is not supported; quant_post_dynamic stores int8 or int16: use 8 or 16"
+            f"weight_bits={weight_bits!r} is not supported; quant_post_dynamic stores int8 or int16 (8 or 16), "
+            "or int4 codes per group of input channels for matmuls (4)"
         )
     validate_names("quantizable_op_type", quantizable_op_type, DYNAMIC_OP_TYPES)
     validate_choice("weight_quantize_type", weight_quantize_type, WEIGHT_QUANTIZE_TYPES[:2])

@@ -16,8 +16,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+from ..graph import open_graph
 from ..groupwise import GroupCodes
+from ..model_io import ModelFiles, load_model
 from ..packing import pack_codes
+from .check import FLOAT_TOLERANCE, check_export, check_inputs
+from .paddle2onnx_float import float_onnx, require_onnx
 
 #: ``accuracy_level`` values: int8 activations per block (fast), float activations (exact to the codes).
 INT8_ACTIVATIONS, FLOAT_ACTIVATIONS = 4, 0
@@ -102,3 +106,23 @@ def replace_matmuls(model: Any, codes: dict[str, GroupCodes], input_scales: dict
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return len(done)
+
+
+def weight_only_onnx(files: ModelFiles, codes: dict[str, GroupCodes], input_scales: dict[str, np.ndarray] | None = None,
+                     accuracy_level: int = INT8_ACTIVATIONS, feed: dict[str, np.ndarray] | None = None) -> bytes:
+    """The ONNX file of the simulated model in ``files`` (its weights the dequantized ``codes``) with every
+    quantized matmul as ``MatMulNBits`` at ``accuracy_level``, serialized.
+
+    Checked before it is returned (:mod:`.check`): with float activations (accuracy level 0) the file must
+    compute the Paddle model within :data:`~.check.FLOAT_TOLERANCE` on ``feed`` (default: inputs from the
+    model's specs), which the encoding of every code, step and zero point decides; the level is set after."""
+    require_onnx()
+    model = float_onnx(files)
+    replace_matmuls(model, codes, input_scales, FLOAT_ACTIVATIONS)
+    paddle_model = load_model(files)
+    check_export(model.SerializeToString(), paddle_model, feed or check_inputs(open_graph(paddle_model)),
+                 FLOAT_TOLERANCE, f"the MatMulNBits export of {files.model_file.name}")
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            next(a for a in node.attribute if a.name == "accuracy_level").i = accuracy_level
+    return model.SerializeToString()
