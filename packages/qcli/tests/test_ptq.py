@@ -340,3 +340,35 @@ def test_a_backend_whose_runtime_is_missing_is_refused_before_calibration(demo_a
     err = capsys.readouterr().err.strip()
     assert "deploy_backend='onnxruntime'" in err and "needs onnxruntime" in err and "\n" not in err
     assert not out.exists() and not (tmp_path / "ort.report.json").exists()
+
+
+def test_dynamic_int4_groups_with_gptq_for_onnx_runtime(tmp_path, capsys):
+    import paddle
+
+    from qdemo.testing import save_tiny_net
+
+    paddle.seed(0)
+    net = paddle.nn.Sequential(paddle.nn.Linear(64, 128), paddle.nn.ReLU(), paddle.nn.Linear(128, 32))
+    net.eval()
+    save_tiny_net(net, tmp_path / "float", "pir", [paddle.static.InputSpec([None, 64], "float32", "x")])
+    np.save(tmp_path / "calib.npy", np.random.default_rng(0).standard_normal((512, 64)).astype("float32"))
+    out = tmp_path / "int4"
+    code = main(["ptq", "dynamic", str(tmp_path / "float"), str(out), "--bits", "4", "--group-size", "32",
+                 "--algo", "gptq", "--backend", "onnxruntime", "--data", str(tmp_path / "calib.npy")])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "quantizing weights: 2 matmuls in" in captured.err and "calibrating: 64 batches in" in captured.err
+    report = json.loads((tmp_path / "int4.report.json").read_text())
+    assert report["weight_only"]["bits"] == 4 and report["weight_only"]["algo"] == "gptq"
+    assert [(layer["bits"], layer["group_size"]) for layer in report["layers"]] == [(4, 32), (4, 32)]
+    assert all(0 < layer["output_error"] < 0.2 for layer in report["layers"])
+    # codes packed two a byte, one fp32 step and one 4-bit zero point per 32 weights
+    groups = 2 * 128 + 4 * 32
+    assert report["compressed_weight_bytes"] == (64 * 128 + 128 * 32) // 2 + groups * 4 + groups // 2
+    row = report["verified"]["onnxruntime"]
+    assert row["deployed_vs_simulated"] < 0.02 and (out / "inference.onnx").is_file()
+
+
+def test_dynamic_calibration_data_without_groups_is_one_line(tmp_path, capsys):
+    assert main(["ptq", "dynamic", str(demo_model_dir("pir")), str(tmp_path / "o"), "--data", "x.npy"]) == 3
+    assert "--data calibrates group-wise weights only" in capsys.readouterr().err

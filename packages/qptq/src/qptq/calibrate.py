@@ -7,9 +7,7 @@ batches and every threshold algorithm can be scored from the same pass.
 
 from __future__ import annotations
 
-import sys
-import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,10 +17,7 @@ from qcore.errors import DataError
 from qcore.graph import Graph, Operand
 from qcore.observers import HistogramObserver
 
-try:
-    from tqdm import tqdm
-except ImportError:  # pragma: no cover - tqdm is a declared dependency
-    tqdm = None
+from .progress import progress as shown
 
 
 @dataclass
@@ -105,25 +100,10 @@ def calibrate(
     result = Calibration({n: HistogramObserver() for n in names}, dict(channel_means or {}))
     result.activation_samples = {n: [] for n in names} if keep_samples > 0 else {}
     fetch = [unique[n].value for n in names]
-    iterator = _progress(batches) if progress else batches
+    iterator = shown(batches, "calibrating", "batch") if progress else batches
     with graph.calibration_run():
         _observe(graph, iterator, names, fetch, result, keep_samples)
     return result
-
-
-def _progress(batches: Iterable[dict[str, np.ndarray]]) -> Iterable[dict[str, np.ndarray]]:
-    """``batches`` with tqdm's bar on a terminal; elsewhere (a log file, a pipe) one line once the pass ends."""
-    if tqdm is not None and sys.stderr.isatty():
-        return tqdm(batches, desc="calibrating", unit="batch")
-    return _counted(batches)
-
-
-def _counted(batches: Iterable[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
-    start, count = time.perf_counter(), 0
-    for batch in batches:
-        count += 1
-        yield batch
-    print(f"calibrating: {count} batches in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
 
 
 def run_batches(graph: Graph, batches: Iterable[dict[str, np.ndarray]]) -> list[np.ndarray]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import sys
@@ -33,11 +34,30 @@ from ..report_html import render
 def add_arguments(p: argparse.ArgumentParser) -> None:
     methods = p.add_subparsers(dest="method", required=True)
 
-    dynamic = methods.add_parser("dynamic", help="weight-only int8/int16 (no calibration data)")
+    dynamic = methods.add_parser("dynamic", help="weight-only: int8/int16 per channel (no calibration data), or "
+                                                 "int4/int8 per group of input channels for LLM matmuls")
     _common(dynamic)
-    dynamic.add_argument("--weight-bits", type=int, default=8, choices=[8, 16])
-    dynamic.add_argument("--op-types", nargs="+", default=["conv2d", "mul"], help="seed op types to quantize")
+    dynamic.add_argument("--weight-bits", "--bits", type=int, default=8, choices=[4, 8, 16],
+                         help="4: int4 groups of matmul weights (LLMs; --backend onnxruntime or openvino-runtime "
+                              "for the compressed ONNX file)")
+    dynamic.add_argument("--op-types", nargs="+", default=None,
+                         help="seed op types to quantize (default conv2d mul; groups: mul matmul matmul_v2)")
     dynamic.add_argument("--test-model", action="store_true", help="also write OUT/test_model (fake-quantized float)")
+    groups = dynamic.add_argument_group("group-wise weights (LLMs): any of these, or --bits 4, selects them")
+    groups.add_argument("--group-size", type=int, default=None, help="input channels per step (default 128; -1 per "
+                                                                      "output channel)")
+    groups.add_argument("--algo", default=None, choices=["rtn", "gptq"], help="round to nearest (default) or GPTQ")
+    groups.add_argument("--awq", action="store_true", help="AWQ-style activation-aware scales first")
+    groups.add_argument("--clip-search", action="store_true", help="per-group range search (with rtn)")
+    groups.add_argument("--symmetric", action="store_true", help="no zero points")
+    groups.add_argument("--ratio", type=float, default=1.0, help="share of weights at 4 bits, the rest int8")
+    groups.add_argument("--group-size-fallback", default="error", choices=["error", "adjust", "ignore"],
+                        help="a width the group does not divide: refuse, adjust the group, or leave it float")
+    groups.add_argument("--data", default=None,
+                        help="calibration inputs for gptq / awq / clip search: a .npy array (N, ...) of the model's "
+                             "input, or module:function / file.py:function returning an iterable of samples")
+    groups.add_argument("--batch-size", type=int, default=8)
+    groups.add_argument("--batch-nums", type=int, default=None, help="stop after this many batches")
     dynamic.set_defaults(run=run_dynamic)
 
     static = methods.add_parser("static", help="int8 weights and activations, calibrated on sample data")
@@ -110,18 +130,55 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "correct on every backend, verified on each CPU backend)")
 
 
+def _grouped(args: argparse.Namespace) -> bool:
+    return args.weight_bits == 4 or args.group_size is not None or args.algo is not None or args.awq \
+        or args.clip_search
+
+
 def run_dynamic(args: argparse.Namespace) -> int:
     qptq = require("ptq")
     _check_paths(args)
     source = find_model_files(args.model, args.model_filename, args.params_filename)
+    if _grouped(args):
+        return _run_weight_only(args, source)
+    if args.data is not None:
+        raise ConfigError("--data calibrates group-wise weights only; add --bits 4 or --group-size, or drop --data")
     start = time.perf_counter()
+    op_types = args.op_types or ["conv2d", "mul"]
     files = qptq.quant_post_dynamic(
         args.model, args.out, args.model_filename, args.params_filename,
-        quantizable_op_type=args.op_types, weight_bits=args.weight_bits, generate_test_model=args.test_model,
+        quantizable_op_type=op_types, weight_bits=args.weight_bits, generate_test_model=args.test_model,
         deploy_backend=args.backend,
     )
-    report = {"method": "dynamic", "weight_bits": args.weight_bits, "op_types": args.op_types}
+    report = {"method": "dynamic", "weight_bits": args.weight_bits, "op_types": op_types}
     return _finish(args, source, files, report, time.perf_counter() - start)
+
+
+def _run_weight_only(args: argparse.Namespace, source: ModelFiles) -> int:
+    """Group-wise weight-only codes for the matmuls (:func:`qptq.weight_only.saved.quant_post_weight_only`)."""
+    from qptq.weight_only import WeightOnlyConfig
+    from qptq.weight_only.saved import quant_post_weight_only
+
+    config = WeightOnlyConfig(
+        bits=args.weight_bits, group_size=128 if args.group_size is None else args.group_size,
+        symmetric=args.symmetric, algo=args.algo or "rtn", awq=args.awq, clip_search=args.clip_search,
+        ratio=args.ratio, group_size_fallback=args.group_size_fallback,
+    )
+    samples = None if args.data is None else sample_source(args.data, lambda: _sample_shape(source, None))
+    start = time.perf_counter()
+    options: dict[str, Any] = {} if args.op_types is None else {"quantizable_op_type": args.op_types}
+    files, result = quant_post_weight_only(
+        args.model, args.out, config, model_filename=args.model_filename, params_filename=args.params_filename,
+        deploy_backend=args.backend, sample_generator=samples, batch_size=args.batch_size,
+        batch_nums=args.batch_nums, progress=True, **options,
+    )
+    report = {
+        "method": "dynamic", "weight_only": dataclasses.asdict(config),
+        "layers": [dataclasses.asdict(layer) for layer in result.layers],
+        "compressed_weight_bytes": result.size_bytes(),
+        "float_weight_bytes": sum(4 * layer.shape[0] * layer.shape[1] for layer in result.layers),
+    }
+    return _finish(args, source, files, report, time.perf_counter() - start, samples)
 
 
 def run_static(args: argparse.Namespace) -> int:

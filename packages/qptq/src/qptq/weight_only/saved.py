@@ -25,6 +25,8 @@ from qcore.model_io import ModelFiles, check_model_output, find_model_files, loa
 
 from ..data import feed_batches
 from ..naming import SEED_MODEL_FILENAME, SEED_PARAMS_FILENAME, output_names
+from ..progress import Progress
+from ..progress import progress as shown
 from .config import WeightOnlyConfig
 from .plan import WeightOnlyResult
 from .program import MATMUL_TYPES, quantize_program
@@ -65,10 +67,11 @@ def quant_post_weight_only(
     data_loader: Iterable[Any] | None = None,
     batch_size: int = 16,
     batch_nums: int | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: bool = False,
 ) -> tuple[ModelFiles, WeightOnlyResult]:
     """Quantize the matmul weights of the model in ``model_dir`` as ``config`` says and save it in
-    ``save_model_dir`` (names as :func:`qptq.quant_post_dynamic`'s); the files and the report."""
+    ``save_model_dir`` (names as :func:`qptq.quant_post_dynamic`'s); the files and the report. ``progress``
+    shows the calibration batches and the matmuls quantized."""
     target = _backend(deploy_backend)
     op_types = [t for t in quantizable_op_type if t in MATMUL_TYPES]
     if not op_types:
@@ -86,7 +89,14 @@ def quant_post_weight_only(
         specs = graph.model.feed_specs()
         batches = feed_batches(list(specs), sample_generator=sample_generator, batch_generator=batch_generator,
                                data_loader=data_loader, batch_size=batch_size, batch_nums=batch_nums, specs=specs)
-    result = quantize_program(graph, config, batches, op_types, progress)
+        if progress:
+            batches = shown(batches, "calibrating", "batch")
+    counter = Progress("quantizing weights", "matmul") if progress else None
+    try:
+        result = quantize_program(graph, config, batches, op_types, counter.step if counter else None)
+    finally:
+        if counter is not None:
+            counter.close()
     extra: dict[str, bytes] = {}
     if target is not None:
         from qcore.export.nbits import weight_only_onnx
