@@ -9,7 +9,7 @@ import paddle
 import pytest
 
 from qcore.deploy import BACKEND_NAMES, TARGETS, available_targets, get_target, host
-from qcore.deploy.onednn import OneDnnTarget
+from qcore.deploy.onednn import NO_VNNI_PROBLEM, OneDnnTarget
 from qcore.deploy.openvino import OpenVinoTarget, cache_dir
 from qcore.errors import ConfigError
 from qcore.graph import open_graph
@@ -180,3 +180,27 @@ def test_int8_joins_keep_only_joins_an_int8_kernel_reads(tmp_path):
     assert len(kept) == 1  # only the join the ReLU reads
     readers = graph.readers([t.op for t in kept])
     assert [r.op.type.split(".")[-1] for r in readers[id(kept[0].op.raw)]] == ["relu"]
+
+
+@pytest.mark.parametrize("flags", [frozenset({"avx2", "fma"}), frozenset({"avx2", "avx512f", "avx512_vnni"})],
+                         ids=["avx2-only", "vnni"])
+def test_a_onednn_predictor_for_a_quantized_model_warns_exactly_where_int8_pairs_saturate(tmp_path, monkeypatch, flags):
+    """What an AVX2-only user sees from oneDNN, checked on any machine by replacing the CPU flags."""
+    import warnings
+
+    monkeypatch.setattr(host, "cpu_flags", lambda cpuinfo=None: flags)
+    files = find_model_files(demo_model_dir("legacy"))
+    model = load_model(files)
+    graph = open_graph(model)
+    conv = graph.ops(["conv2d"])[0]
+    graph.quantize_weight(graph.weight_operand(conv), 8, graph.weight_channel_axis(conv))
+    graph.insert_act_qdq(graph.activation_operands(conv)[0], 1.0, 8)
+    quantized = graph.save(tmp_path / "q")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        create_predictor(quantized, backend="onednn")
+        create_predictor(files, backend="onednn")  # a float model: nothing to warn about
+    messages = [str(w.message) for w in seen if "VNNI" in str(w.message)]
+    assert len(messages) == (0 if "avx512_vnni" in flags else 1)
+    if messages:
+        assert messages[0].endswith(NO_VNNI_PROBLEM) and str(quantized.model_file) in messages[0]

@@ -148,7 +148,9 @@ def test_save_runs_in_executor_and_inference_like_the_qat_model(tmp_path, family
     fixed = get_target(None).weight_max_code(8, family) is not None
     assert np.abs(executor - reference).max() < (0.06 if fixed else 0.02) * scale
     if family == "legacy" and get_target("onednn").host_problem():  # no VNNI: int8 kernels unlike the simulation
-        pytest.skip(get_target("onednn").host_problem())
+        with pytest.warns(UserWarning, match="this CPU has no VNNI"):  # and the user is told so
+            predict(files, {"x": x})
+        return
     deployed = predict(files, {"x": x})[0]
     assert np.abs(deployed - reference).max() < 0.05 * scale
     if config == {}:  # batch norm folded: the executor runs what Paddle Inference does (0.1 %; 1.3 % as s8)
