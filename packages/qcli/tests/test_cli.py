@@ -204,20 +204,10 @@ def test_an_empty_program_file_is_one_line_not_a_traceback(tmp_path, capsys):
 
 
 def test_export_of_a_model_paddle2onnx_converts_wrongly_fails_in_one_line_and_writes_nothing(tmp_path, capsys):
-    import paddle
 
-    class Fft(paddle.nn.Layer):  # paddle2onnx 2.1 writes rfft as a graph of another output shape
-        def __init__(self) -> None:
-            super().__init__()
-            self.conv = paddle.nn.Conv2D(3, 4, 1)
+    from qdemo.testing import save_fft_net
 
-        def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-            return paddle.abs(paddle.fft.rfft(self.conv(x)))
-
-    net = Fft()
-    net.eval()
-    paddle.jit.save(net, str(tmp_path / "fft" / "inference"),
-                    input_spec=[paddle.static.InputSpec([None, 3, 28, 28], "float32", "x")])
+    save_fft_net(tmp_path / "fft")  # paddle2onnx 2.1 writes rfft as a graph of another output shape
     assert main(["export", "onnx", str(tmp_path / "fft"), str(tmp_path / "fft.onnx")]) == exit_code(ExportError(""))
     err = capsys.readouterr().err.strip()
     assert "does not compute the Paddle model" in err and "(2, 4, 28, 15)" in err and "\n" not in err

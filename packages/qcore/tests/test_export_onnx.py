@@ -8,7 +8,6 @@ import tempfile
 import numpy as np
 import onnx
 import onnxruntime as ort
-import paddle
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -20,7 +19,7 @@ from qcore.export.repair import constants_to_initializers, numbered_dim_names, s
 from qcore.graph import open_graph
 from qcore.graph.base import ActivationGrid
 from qcore.model_io import load_model
-from qdemo.testing import make_tiny_net, sample_input, save_tiny_net
+from qdemo.testing import make_tiny_net, sample_input, save_fft_net, save_tiny_net
 
 
 def _run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -136,30 +135,9 @@ def test_unquantize_gives_back_the_grids_and_codes_and_the_export_runs_as_simula
     assert graph.op_types() == open_graph(model).op_types()  # the model itself is untouched
 
 
-class FftNet(paddle.nn.Layer):
-    """A conv, then ``paddle.fft.rfft`` over the last axis: ``abs`` of it (paddle2onnx 2.1 writes a graph of the
-    wrong output shape) or its ``real`` part (paddle2onnx 2.1 aborts)."""
-
-    def __init__(self, part: str) -> None:
-        super().__init__()
-        self.part = part
-        self.conv = paddle.nn.Conv2D(3, 4, 1)
-
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        y = paddle.fft.rfft(self.conv(x))
-        return paddle.abs(y) if self.part == "abs" else paddle.real(y)
-
-
-def _save_fft(part: str, directory) -> None:
-    net = FftNet(part)
-    net.eval()
-    paddle.jit.save(net, str(directory / "inference"),
-                    input_spec=[paddle.static.InputSpec([None, 3, 28, 28], "float32", "x")])
-
-
 def test_exports_write_nothing_outside_the_output_and_the_temporary_directory(tmp_path, monkeypatch):
     save_tiny_net(make_tiny_net(), tmp_path / "float", "pir")
-    _save_fft("real", tmp_path / "crash")
+    save_fft_net(tmp_path / "crash", "real")
     work, temp, out = tmp_path / "cwd", tmp_path / "temp", tmp_path / "out"
     for directory in (work, temp, out):
         directory.mkdir()
@@ -175,7 +153,7 @@ def test_exports_write_nothing_outside_the_output_and_the_temporary_directory(tm
 
 
 def test_an_export_that_computes_another_function_is_refused_naming_the_output(tmp_path):
-    _save_fft("abs", tmp_path / "fft")  # paddle2onnx 2.1: a graph of output shape (2, 3, 28, 28) for (2, 4, 28, 15)
+    save_fft_net(tmp_path / "fft", "abs")  # paddle2onnx 2.1: a graph of output shape (2, 3, 28, 28) for (2, 4, 28, 15)
     with pytest.raises(ExportError, match=r"output '.+' has shape \(2, 3, 28, 28\) where Paddle's is "
                                           r"\(2, 4, 28, 15\) \(inputs x \(2, 3, 28, 28\) float32\)") as error:
         export_onnx(tmp_path / "fft", tmp_path / "fft.onnx")

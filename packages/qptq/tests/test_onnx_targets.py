@@ -350,19 +350,9 @@ def test_onnx_runtime_fuses_every_conv_join_and_pool_of_a_residual_net(tmp_path,
 
 def test_a_model_whose_float_export_fails_is_refused_before_calibration(tmp_path, monkeypatch):
     import qptq.static
+    from qdemo.testing import save_fft_net
 
-    class Fft(paddle.nn.Layer):  # paddle2onnx 2.1 writes rfft as a graph of another output shape
-        def __init__(self) -> None:
-            super().__init__()
-            self.conv = paddle.nn.Conv2D(3, 4, 1)
-
-        def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-            return paddle.abs(paddle.fft.rfft(self.conv(x)))
-
-    net = Fft()
-    net.eval()
-    paddle.jit.save(net, str(tmp_path / "fft" / "inference"),
-                    input_spec=[paddle.static.InputSpec([None, 3, 28, 28], "float32", "x")])
+    save_fft_net(tmp_path / "fft")  # paddle2onnx 2.1 writes rfft as a graph of another output shape
     monkeypatch.setattr(qptq.static, "calibrate_sharded", lambda *a, **k: pytest.fail("calibrated"))
     x = np.random.default_rng(0).standard_normal((4, 3, 28, 28)).astype("float32")
     with pytest.raises(ExportError, match=r"deploy_backend='onnxruntime' runs the model's ONNX export, and the "

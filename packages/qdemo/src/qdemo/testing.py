@@ -111,3 +111,26 @@ def save_tiny_net(
     names = {"legacy_combined": ("__model__", "__params__"), "legacy_separate": ("__model__", None)}[fmt]
     save_model(load_model(staging), directory, *names)
     return {"model_filename": names[0], "params_filename": names[1]}
+
+
+class FftNet(paddle.nn.Layer):
+    """A conv, then ``paddle.fft.rfft`` over the last axis: ``abs`` of it (paddle2onnx 2.1 writes a graph of the
+    wrong output shape, (2, 3, 28, 28) where Paddle's is (2, 4, 28, 15)) or its ``real`` part (paddle2onnx 2.1
+    aborts): the exports that must be refused."""
+
+    def __init__(self, part: str = "abs") -> None:
+        super().__init__()
+        self.part = part
+        self.conv = paddle.nn.Conv2D(3, 4, 1)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        y = paddle.fft.rfft(self.conv(x))
+        return paddle.abs(y) if self.part == "abs" else paddle.real(y)
+
+
+def save_fft_net(directory: Path, part: str = "abs") -> None:
+    """Save :class:`FftNet` as a PIR model in ``directory`` (input ``x``: ``[N, 3, 28, 28]``)."""
+    net = FftNet(part)
+    net.eval()
+    paddle.jit.save(net, str(Path(directory) / "inference"),
+                    input_spec=[paddle.static.InputSpec([None, 3, 28, 28], "float32", "x")])
