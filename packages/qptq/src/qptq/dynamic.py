@@ -21,15 +21,13 @@ from qcore.graph import open_graph
 from qcore.model_io import ModelFiles, check_model_output, load_model
 from qcore.optable import seed_types, weighted_kinds
 
-from .naming import SEED_MODEL_FILENAME, SEED_PARAMS_FILENAME, output_names
+from .naming import dynamic_output_names
 from .weight_only.config import WeightOnlyConfig
 from .weight_only.saved import quant_post_weight_only
 
 log = logging.getLogger(__name__)
 #: Every op type with a quantizable weight (conv, fc, ...; embedding tables are :mod:`qembed`'s).
 DYNAMIC_OP_TYPES = seed_types(*weighted_kinds())
-#: A PIR model's names when both file names are None (PaddleSlim 2.6's ``model.*``; legacy: :mod:`qptq.naming`).
-PIR_NAMES = ("model.json", "model.pdiparams")
 
 
 def quant_post_dynamic(
@@ -82,17 +80,14 @@ def quant_post_dynamic(
     deployment = Deployment(deploy_backend)
     if isinstance(weight_bits, bool) or not isinstance(weight_bits, int) or weight_bits not in (8, 16):
         raise ConfigError(
-            f"weight_bits={weight_bits!r} is not supported; quant_post_dynamic stores int8 or int16 (8 or 16), "
-            "or int4 codes per group of input channels for matmuls (4)"
+            f"weight_bits={weight_bits!r} is not supported; quant_post_dynamic stores int8 or int16 per channel: "
+            "use 8 or 16 (or 4: int4 codes per group of input channels of matmul weights)"
         )
     validate_names("quantizable_op_type", quantizable_op_type, DYNAMIC_OP_TYPES)
     validate_choice("weight_quantize_type", weight_quantize_type, WEIGHT_QUANTIZE_TYPES[:2])
     per_channel = weight_quantize_type == "channel_wise_abs_max"
     graph = open_graph(load_model(model_dir, model_filename, params_filename))
-    if save_model_filename is None and save_params_filename is None:  # the names the script will load
-        follow = (SEED_MODEL_FILENAME, SEED_PARAMS_FILENAME)
-        save_model_filename, save_params_filename = PIR_NAMES if graph.family == "pir" else follow
-    names = output_names(graph.family, save_model_filename, save_params_filename, graph.model.source)
+    names = dynamic_output_names(graph.family, save_model_filename, save_params_filename, graph.model.source)
     check_model_output(save_model_dir, graph.family, *names, graph.model.source)
     test_graph = open_graph(load_model(model_dir, model_filename, params_filename)) if generate_test_model else None
     ops = graph.ops(list(quantizable_op_type))

@@ -29,6 +29,8 @@ class FollowInput(str):
 
 SEED_MODEL_FILENAME = FollowInput(SEED_DEFAULTS[0])
 SEED_PARAMS_FILENAME = FollowInput(SEED_DEFAULTS[1])
+#: A PIR model's names when both file names are None in ``quant_post_dynamic`` (PaddleSlim 2.6's ``model.*``).
+DYNAMIC_PIR_NAMES = ("model.json", "model" + PARAMS_SUFFIX)
 
 
 def output_names(family: str, model_filename: str | None, params_filename: str | None,
@@ -46,3 +48,12 @@ def output_names(family: str, model_filename: str | None, params_filename: str |
         stem, dot, suffix = (model_filename or "").rpartition(".")
         params_filename = stem + PARAMS_SUFFIX if dot and suffix == "pdmodel" else SEED_DEFAULTS[1]
     return output_filenames(family, model_filename, params_filename)  # type: ignore[arg-type]
+
+
+def dynamic_output_names(family: str, model_filename: str | None, params_filename: str | None,
+                         source: ModelFiles | None = None) -> tuple[str, str | None]:
+    """``quant_post_dynamic``'s file names: both None follow the input (PIR: :data:`DYNAMIC_PIR_NAMES`)."""
+    if model_filename is None and params_filename is None:  # the names the script will load
+        model_filename, params_filename = DYNAMIC_PIR_NAMES if family == "pir" else (
+            SEED_MODEL_FILENAME, SEED_PARAMS_FILENAME)
+    return output_names(family, model_filename, params_filename, source)

@@ -24,15 +24,13 @@ from qcore.graph import open_graph
 from qcore.model_io import ModelFiles, check_model_output, find_model_files, load_model
 
 from ..data import feed_batches
-from ..naming import SEED_MODEL_FILENAME, SEED_PARAMS_FILENAME, output_names
+from ..naming import dynamic_output_names
 from ..progress import Progress
 from ..progress import progress as shown
 from .config import WeightOnlyConfig
 from .plan import WeightOnlyResult
 from .program import MATMUL_TYPES, quantize_program
 
-#: A PIR model's names when both file names are None (as :func:`qptq.quant_post_dynamic`'s).
-PIR_NAMES = ("model.json", "model.pdiparams")
 #: Backends the output is made for: the simulation only, or it plus the ONNX file.
 WEIGHT_ONLY_BACKENDS = ("native", "onnxruntime", "openvino-runtime")
 
@@ -78,10 +76,7 @@ def quant_post_weight_only(
         raise ConfigError(f"quantizable_op_type={list(quantizable_op_type)!r} holds no matmul type; weight-only "
                           f"groups quantize {list(MATMUL_TYPES)}")
     graph = open_graph(load_model(model_dir, model_filename, params_filename))
-    if save_model_filename is None and save_params_filename is None:
-        follow = (SEED_MODEL_FILENAME, SEED_PARAMS_FILENAME)
-        save_model_filename, save_params_filename = PIR_NAMES if graph.family == "pir" else follow
-    names = output_names(graph.family, save_model_filename, save_params_filename, graph.model.source)
+    names = dynamic_output_names(graph.family, save_model_filename, save_params_filename, graph.model.source)
     check_model_output(save_model_dir, graph.family, *names, graph.model.source)
     sources = (sample_generator, batch_generator, data_loader)
     batches = None
