@@ -41,7 +41,16 @@ def test_onnx_runtime_computes_the_dequantized_weights_product(bits, symmetric, 
     assert np.linalg.norm(fast - simulated) / np.linalg.norm(simulated) < 2e-2
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_one_group_per_output_of_any_width_pads_a_power_of_two_block(symmetric):
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((576, 24)).astype(np.float32)  # SmolLM2's width: per channel, a 1024 block
+    x = rng.standard_normal((3, 576)).astype(np.float32)
+    q = quantize_groups(w, 8, -1, symmetric)
+    np.testing.assert_allclose(_run(q, x, FLOAT_ACTIVATIONS), x @ q.dequantize(), rtol=1e-4, atol=1e-4)
+
+
 def test_a_group_that_is_no_block_is_one_line():
-    q = quantize_groups(np.ones((96, 4)), 4, 96)
-    with pytest.raises(ConfigError, match="group_size=96 cannot be a MatMulNBits block; use a power of two >= 16"):
+    q = quantize_groups(np.ones((96, 4)), 4, 48)
+    with pytest.raises(ConfigError, match="group_size=48 cannot be a MatMulNBits block; use a power of two >= 16"):
         matmul_nbits(q, "x", "y", "fc")

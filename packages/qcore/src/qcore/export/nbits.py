@@ -43,10 +43,14 @@ def matmul_nbits(
 
     k, n = q.codes.shape
     block = q.group_size
+    if block == k:  # one group per output: the next power-of-two block, its tail padded with zero-valued codes
+        block = max(16, 1 << (k - 1).bit_length())
     if block < 16 or block & (block - 1):
         raise ConfigError(f"group_size={block} cannot be a MatMulNBits block; use a power of two >= 16 (32, 64, 128)")
-    blocks = k // block
+    blocks = -(-k // block)
+    zero = np.full((1, n), 2 ** (q.bits - 1)) if q.zero_points is None else q.zero_points[:1].astype(np.int16)
     codes = q.codes.astype(np.int16) + (2 ** (q.bits - 1) if q.zero_points is None else 0)
+    codes = np.concatenate([codes, np.repeat(zero, blocks * block - k, axis=0)])  # the padding reads as 0
     b = _packed(codes.T.reshape(n, blocks, block), q.bits)  # [N, blocks, block * bits / 8]
     inits = [numpy_helper.from_array(b, f"{name}.B"),
              numpy_helper.from_array(np.ascontiguousarray(q.scales.T, np.float32), f"{name}.scales")]
