@@ -8,7 +8,8 @@ import pytest
 
 from qcore.errors import ConfigError, DataError
 from qcore.groupwise import decode, encode, group_grid, quantize_groups
-from qptq.weight_only.gptq import HessianAccumulator, gptq
+from qptq.weight_only.gptq import gptq
+from qptq.weight_only.hessian import HessianAccumulator
 
 
 def _reference(weight, hessian, bits, group_size, symmetric, damp, act_order):

@@ -3,7 +3,7 @@
 corrects each input channel's rounding error on the channels not yet quantized; :mod:`.awq` scales input
 channels by their activations before rounding; :mod:`.clip_search` shrinks each group's range. All score
 candidates by the layer output error on calibration inputs, through the input Hessian
-(:class:`.gptq.HessianAccumulator`)."""
+(:class:`.hessian.HessianAccumulator`)."""
 
 from .config import WeightOnlyConfig
 from .layer import quantize_

@@ -20,6 +20,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from qcore.groupwise import quantize_groups
 
+from .hessian import output_error as hessian_error
+
 #: Candidate strengths, 0 (no scaling) included.
 ALPHAS = tuple(np.round(np.linspace(0.0, 1.0, 21), 2))
 
@@ -36,7 +38,7 @@ def output_error(weight: NDArray[np.float64], hessian: NDArray[np.float64], scal
     """``tr(D^T H D)`` for ``D = diag(1 / s) Q(diag(s) W) - W``: the output error after scaling and rounding."""
     scaled = quantize_groups(weight * scales[:, None], bits, group_size, symmetric).dequantize()
     d = scaled / scales[:, None] - weight
-    return float(np.einsum("in,ij,jn->", d, hessian, d))
+    return hessian_error(d, hessian)
 
 
 def search_scales(weights: Sequence[ArrayLike], hessian: ArrayLike, bits: int = 4, group_size: int = 128,

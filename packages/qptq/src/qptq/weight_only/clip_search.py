@@ -4,7 +4,7 @@ per output, the ratio by which the group's range is shrunk before its step is ta
 
 A group's share of the output error separates: with ``D = W - Q`` restricted to group ``g`` and output ``n``,
 its error is ``d^T H_gg d``, ``H_gg`` the group's diagonal block of the input Hessian
-(:class:`~qptq.weight_only.gptq.HessianAccumulator`). Every candidate is scored for every group and output at
+(:class:`~qptq.weight_only.hessian.HessianAccumulator`). Every candidate is scored for every group and output at
 once; ratio 1 (no clip, round to nearest) is among them, so the search never does worse than it on these
 inputs. The cross-group terms of the Hessian are left out, as the methods this follows do.
 """
@@ -31,7 +31,7 @@ def group_errors(weight: NDArray[np.float64], hessian: NDArray[np.float64], bits
     zero3 = None if zero is None else zero[:, None, :]
     d = g - decode(encode(g, step[:, None, :], zero3, bits), step[:, None, :], zero3)
     blocks = np.stack([hessian[i * size:(i + 1) * size, i * size:(i + 1) * size] for i in range(groups)])
-    return np.einsum("gin,gij,gjn->gn", d, blocks, d)
+    return np.sum(d * np.matmul(blocks, d), axis=1)
 
 
 def search_clip(weight: ArrayLike, hessian: ArrayLike, bits: int = 4, group_size: int = 128,

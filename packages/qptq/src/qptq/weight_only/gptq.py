@@ -3,7 +3,7 @@ error spread over the channels not yet quantized so that the layer's output on t
 least.
 
 For a ``[K, N]`` weight read by inputs ``X`` (``[rows, K]``) the objective is ``||X W - X Q||^2``, whose
-Hessian in ``W`` is ``H = 2 X^T X`` (:class:`HessianAccumulator` sums it over calibration batches in memory
+Hessian in ``W`` is ``H = 2 X^T X`` (:class:`~.hessian.HessianAccumulator` sums it over calibration batches in memory
 flat in their number). Quantizing input channel ``i`` to ``q_i`` is followed by the optimal update of the
 channels after it, ``W[j] -= (w_i - q_i) / U[i, i] * U[i, j]``, with ``U`` the upper Cholesky factor of
 ``H^-1``. The updates are applied lazily: in full inside a block of ``block_size`` channels, then once
@@ -19,7 +19,7 @@ the updated weight when its first channel is reached. Inputs that are always zer
 from __future__ import annotations
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import ArrayLike
 
 from qcore.errors import ConfigError, DataError
 from qcore.groupwise import GroupCodes, check_bits, decode, encode, group_count, group_grid
@@ -28,27 +28,6 @@ from qcore.groupwise import GroupCodes, check_bits, decode, encode, group_count,
 BLOCK_SIZE = 128
 #: Fraction of the mean Hessian diagonal added to it.
 DAMP = 0.01
-
-
-class HessianAccumulator:
-    """``2 X^T X / rows`` over every calibration batch of a matmul's input (``[..., K]``), in float64."""
-
-    def __init__(self, k: int) -> None:
-        self.sum = np.zeros((k, k), np.float64)
-        self.rows = 0
-
-    def update(self, x: ArrayLike) -> None:
-        a = np.asarray(x, np.float64)
-        a = a.reshape(-1, a.shape[-1])
-        if a.shape[1] != self.sum.shape[0]:
-            raise DataError(f"input has {a.shape[1]} channels; this matmul reads {self.sum.shape[0]}")
-        self.sum += a.T @ a
-        self.rows += a.shape[0]
-
-    def hessian(self) -> NDArray[np.float64]:
-        if not self.rows:
-            raise DataError("no calibration rows reached this matmul; give GPTQ at least one batch")
-        return 2.0 * self.sum / self.rows
 
 
 def gptq(

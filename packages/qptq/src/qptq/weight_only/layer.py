@@ -24,7 +24,7 @@ import numpy as np
 from qcore.errors import ConfigError, DataError
 
 from .config import WeightOnlyConfig, layer_group
-from .gptq import HessianAccumulator
+from .hessian import HessianAccumulator
 from .plan import WeightOnlyResult, quantize_weights
 
 

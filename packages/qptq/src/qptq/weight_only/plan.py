@@ -15,6 +15,7 @@ from .awq import search_scales
 from .clip_search import search_clip
 from .config import WeightOnlyConfig, layer_group
 from .gptq import gptq
+from .hessian import output_error
 
 
 @dataclass
@@ -76,14 +77,14 @@ class WeightPlan:
     def output_error(self) -> float:
         """``tr(D^T H D)`` of the weight change (``||D||^2`` without calibration inputs)."""
         d = self.effective - self.weight
-        return float(np.einsum("in,ij,jn->", d, self.hessian, d)) if self.hessian is not None else float(np.sum(d * d))
+        return output_error(d, self.hessian) if self.hessian is not None else float(np.sum(d * d))
 
     def relative_error(self) -> float | None:
         """The layer output error relative to its output on the calibration inputs (None without them)."""
         if self.hessian is None:
             return None
         w = self.weight
-        return float(np.sqrt(self.output_error() / np.einsum("in,ij,jn->", w, self.hessian, w)))
+        return float(np.sqrt(self.output_error() / output_error(w, self.hessian)))
 
 
 def promoted(plans: Mapping[str, WeightPlan], config: WeightOnlyConfig) -> list[str]:

@@ -18,7 +18,7 @@ from qcore.errors import ConfigError
 from qcore.graph import Graph, OpRef
 
 from .config import WeightOnlyConfig, layer_group
-from .gptq import HessianAccumulator
+from .hessian import HessianAccumulator
 from .plan import WeightOnlyResult, quantize_weights
 
 log = logging.getLogger(__name__)
