@@ -29,3 +29,27 @@ class DecoderConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} is odd; rotary embeddings rotate pairs of channels")
+
+
+@dataclass(frozen=True)
+class Gemma3Config(DecoderConfig):
+    """A Gemma 3 decoder: local (sliding-window) layers with their own rotary base, and a global layer every
+    ``global_every`` layers (layer ``i`` is global when ``(i + 1) % global_every == 0``).
+
+    ``rope_theta`` is the global layers' base; ``query_scale`` multiplies ``q . k`` (Gemma's
+    ``query_pre_attn_scalar ** -0.5``; the GGUF does not store it: llama.cpp and Hugging Face use ``head_dim``
+    for every size but 27B, so the default is ``head_dim ** -0.5``)."""
+
+    sliding_window: int = 512
+    global_every: int = 6
+    local_rope_theta: float = 10000.0
+    query_scale: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.sliding_window < 1 or self.global_every < 1:
+            raise ValueError(f"sliding_window={self.sliding_window} and global_every={self.global_every} must be >= 1")
+
+    def is_global(self, layer: int) -> bool:
+        """Whether ``layer`` attends to every earlier position (else only the last ``sliding_window``)."""
+        return (layer + 1) % self.global_every == 0

