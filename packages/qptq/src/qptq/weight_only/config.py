@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from qcore.config import validate_choice
 from qcore.errors import ConfigError
-from qcore.groupwise import check_bits, group_count
+from qcore.groupwise import GROUP_BITS, check_bits, group_count
 
 ALGOS = ("rtn", "gptq")
 #: What a linear whose width ``group_size`` does not divide gets (NNCF's names): a one-line error, the largest
@@ -39,9 +39,13 @@ class WeightOnlyConfig:
     ratio: float = 1.0
     group_size_fallback: str = "error"
     skip: Sequence[str] = ()
+    embedding_bits: int | None = None
 
     def __post_init__(self) -> None:
         check_bits(self.bits)
+        if self.embedding_bits is not None and self.embedding_bits not in GROUP_BITS:
+            raise ConfigError(f"embedding_bits={self.embedding_bits!r} is not supported; use one of {GROUP_BITS}, "
+                              "or None to keep embedding tables float")
         validate_choice("algo", self.algo, ALGOS)
         validate_choice("group_size_fallback", self.group_size_fallback, GROUP_FALLBACKS)
         if not 0.0 < self.ratio <= 1.0:
@@ -61,17 +65,19 @@ class WeightOnlyConfig:
 
 
 
-def layer_group(k: int, config: WeightOnlyConfig) -> tuple[int, int] | None:
-    """``(bits, group_size)`` for a linear of ``k`` input channels, None to leave it float (fallback
-    ``"ignore"``); one :class:`ConfigError` line for a group size that does not divide ``k`` under ``"error"``."""
+def layer_group(k: int, config: WeightOnlyConfig, bits: int | None = None) -> tuple[int, int] | None:
+    """``(bits, group_size)`` for a linear of ``k`` input channels (``bits``: default ``config.bits``), None to
+    leave it float (fallback ``"ignore"``); one :class:`ConfigError` line for a group size that does not divide
+    ``k`` under ``"error"``."""
     size = config.group_size
+    bits = config.bits if bits is None else bits
     if size == -1 or k % size == 0 or config.group_size_fallback == "error":
         group_count(k, size)
-        return config.bits, size
+        return bits, size
     if config.group_size_fallback == "ignore":
         return None
     while size >= SMALLEST_ADJUSTED_GROUP:
         if k % size == 0:
-            return config.bits, size
+            return bits, size
         size //= 2
     return 8, -1

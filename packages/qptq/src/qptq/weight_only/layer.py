@@ -7,9 +7,13 @@ pre-hook on each linear summing its input Hessian (memory: one ``[in, in]`` floa
 in the number of batches); round to nearest needs none. Every input Hessian comes from the float model (the
 linears are not re-run one after another on quantized predecessors, as GPTQ's reference implementation does).
 
+With ``embedding_bits``, every ``paddle.nn.Embedding`` table outside ``skip`` gets round-to-nearest codes too
+(:func:`.plan.quantize_tables`); an LM head reading the table (tied) computes with the same dequantized values.
+
 The layer afterwards computes the simulation: each linear's weight holds the dequantized codes (divided by
-its AWQ scales), and :data:`WeightOnlyResult.codes` keeps the codes by weight name for the ONNX writers
-(:func:`qcore.export.nbits.replace_matmuls`). The model is changed in place, as ``torchao.quantize_`` does.
+its AWQ scales), each quantized table its dequantized rows, and :data:`WeightOnlyResult.codes` keeps the codes
+by weight name for the ONNX writers (:func:`qcore.export.nbits.replace_matmuls`). The model is changed in place,
+as ``torchao.quantize_`` does.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from qcore.errors import ConfigError, DataError
 
 from .config import WeightOnlyConfig, layer_group
 from .hessian import HessianAccumulator
-from .plan import WeightOnlyResult, quantize_weights
+from .plan import WeightOnlyResult, quantize_tables, quantize_weights
 
 
 def _linears(model: Any, skip: Sequence[str]) -> list[tuple[str, Any]]:
@@ -96,6 +100,10 @@ def quantize_(model: Any, config: WeightOnlyConfig, calibration: Iterable[Any] |
     start = time.perf_counter()
     linears = [(n, layer) for n, layer in _linears(model, config.skip)
                if layer_group(int(layer.weight.shape[0]), config) is not None]  # a bad group fails here
+    tables = {} if config.embedding_bits is None else {
+        n: layer for n, layer in model.named_sublayers()
+        if isinstance(layer, paddle.nn.Embedding) and not any(re.search(p, n) for p in config.skip)
+        and layer_group(int(layer.weight.shape[1]), config, config.embedding_bits) is not None}
     if config.calibrated and calibration is None:
         raise ConfigError(f"algo={config.algo!r}{', awq' if config.awq else ''}"
                           f"{', clip_search' if config.clip_search else ''} needs calibration batches; pass "
@@ -111,5 +119,10 @@ def quantize_(model: Any, config: WeightOnlyConfig, calibration: Iterable[Any] |
                                          shared, config, progress)
     for n, value in effective.items():
         by_name[n].weight.set_value(paddle.to_tensor(value.astype(np.float32)))
+    if tables:
+        dequantized = quantize_tables({n: t.weight.numpy() for n, t in tables.items()},
+                                      {n: t.weight.name for n, t in tables.items()}, config, result)
+        for n, value in dequantized.items():
+            tables[n].weight.set_value(paddle.to_tensor(value.astype(np.float32)))
     result.seconds = time.perf_counter() - start
     return result

@@ -1,6 +1,7 @@
 """Codes for a set of matmul weights, whatever holds them (a ``paddle.nn.Layer``, a saved program): each weight's
 algorithms in NNCF's order (AWQ-style scales shared by the weights reading one input, then clip search or
-GPTQ), mixed precision across them, and the report."""
+GPTQ), mixed precision across them, and the report; embedding tables by round to nearest
+(:func:`quantize_tables`)."""
 
 from __future__ import annotations
 
@@ -144,3 +145,22 @@ def quantize_weights(
         result.layers.append(LayerReport(k, names[k], tuple(plan.weight.shape), plan.codes.bits,
                                          plan.codes.group_size, plan.relative_error(), plan.alpha))
     return result, effective
+
+
+def quantize_tables(tables: Mapping[str, np.ndarray], names: Mapping[str, str], config: WeightOnlyConfig,
+                    result: WeightOnlyResult) -> dict[str, np.ndarray]:
+    """Round-to-nearest codes of each embedding table (``[vocab, hidden]`` by key) at ``config.embedding_bits``,
+    in groups of hidden channels (:func:`.config.layer_group`), added to ``result`` under the table's parameter
+    name as the codes of its transpose, ``[hidden, vocab]``: the weight of a tied LM head (``h @ table.T``),
+    whose column ``v`` is row ``v`` of the table. Returns the dequantized tables by key (tables the fallback
+    leaves float are absent)."""
+    effective = {}
+    for k, table in tables.items():
+        group = layer_group(table.shape[1], config, config.embedding_bits)
+        if group is None:
+            continue
+        codes = quantize_groups(np.asarray(table, np.float64).T, *group, config.symmetric)
+        effective[k] = codes.dequantize().T
+        result.codes[names[k]] = codes
+        result.layers.append(LayerReport(k, names[k], codes.codes.shape, codes.bits, codes.group_size, None))
+    return effective
