@@ -124,3 +124,29 @@ def test_the_tied_export_computes_the_simulation_on_both_runtimes_with_the_codes
     if runtime == "openvino-runtime":  # the lookup and the head read u4 / u8 constants, never an f32 table
         kept = _compressed(compiled)
         assert "f32" not in kept and set(kept) == {"u4" if bits == 4 else "u8"}, kept
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino-runtime"])
+def test_quant_post_dynamic_quantizes_a_saved_decoders_tied_table_for_each_runtime(tmp_path, backend):
+    import onnxruntime as ort
+
+    from qcore.deploy.onnx_runtimes import ONNX_FILE
+    from qcore.model_io import load_model
+    from qptq import quant_post_dynamic
+
+    spec = [paddle.static.InputSpec([None, None], "int64", "ids")]
+    paddle.jit.save(_model(), str(tmp_path / "float" / "inference"), input_spec=spec)
+    files = quant_post_dynamic(str(tmp_path / "float"), str(tmp_path / "int4"), deploy_backend=backend,
+                               weight_only=WeightOnlyConfig(group_size=32, embedding_bits=4))
+    ids = np.array([[3, 1, 4, 1, 5]], np.int64)
+    simulated = load_model(files).run({"ids": ids})[0]
+    layer = _model()  # the layer API gives the same codes: one rule for both holders
+    quantize_(layer, WeightOnlyConfig(group_size=32, embedding_bits=4))
+    np.testing.assert_allclose(layer(paddle.to_tensor(ids)).numpy(), simulated, rtol=1e-5, atol=1e-5)
+    model = onnx.load(str(tmp_path / "int4" / ONNX_FILE))
+    kinds = [n.op_type for n in model.graph.node]
+    assert "Gather" not in kinds and "GatherBlockQuantized" in kinds
+    assert ("DequantizeLinear" in kinds) == (backend == "openvino-runtime")
+    deployed = ort.InferenceSession(str(tmp_path / "int4" / ONNX_FILE),
+                                    providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
+    assert np.linalg.norm(deployed - simulated) / np.linalg.norm(simulated) < 2e-2  # int8 activations

@@ -1,10 +1,11 @@
 """Weight-only quantization of a saved model's matmuls (either IR), through :func:`.plan.quantize_weights`.
 
 A matmul qualifies when its second operand is a 2-D parameter read as ``[in, out]`` (not transposed) by that
-op alone; a tied LM head reading the embedding table transposed stays float. Calibration fetches every
-qualifying matmul's input in the executor, batch by batch, into one input Hessian per matmul; matmuls
-reading the same value share AWQ's scales. The program's parameters afterwards hold the dequantized
-weights (the simulation).
+op alone; a tied LM head reading the embedding table transposed is quantized only as the table. Calibration
+fetches every qualifying matmul's input in the executor, batch by batch, into one input Hessian per matmul; matmuls
+reading the same value share AWQ's scales. With ``embedding_bits``, the tables of the lookups (``embedding`` /
+``lookup_table``) get round-to-nearest codes too (:func:`.plan.quantize_tables`), which a tied head reads. The
+program's parameters afterwards hold the dequantized weights (the simulation).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from qcore.graph import Graph, OpRef
 
 from .config import WeightOnlyConfig, layer_group
 from .hessian import HessianAccumulator
-from .plan import WeightOnlyResult, quantize_weights
+from .plan import WeightOnlyResult, quantize_tables, quantize_weights
 
 log = logging.getLogger(__name__)
 #: Seed op types whose weight is a matmul's ``[in, out]`` operand.
@@ -54,6 +55,9 @@ def quantize_program(graph: Graph, config: WeightOnlyConfig, batches: Iterable[d
                      ) -> WeightOnlyResult:
     """Quantize the weights of ``graph``'s matmuls in place (its parameters hold the simulation)."""
     ops = weight_matmuls(graph, config, op_types)
+    tables = [] if config.embedding_bits is None else sorted({
+        w.name for w in (graph.weight_operand(op) for op in graph.ops(["lookup_table"])) if w is not None
+        and layer_group(graph.shape(w.name)[1], config, config.embedding_bits) is not None})  # bad groups fail here
     keys = [graph.weight_operand(op).name for op in ops]  # each read by its op alone
     names = {k: k for k in keys}
     inputs = [graph.activation_operands(op)[0] for op in ops]
@@ -74,6 +78,7 @@ def quantize_program(graph: Graph, config: WeightOnlyConfig, batches: Iterable[d
         by_input.setdefault(operand.name, []).append(k)
     weights = {k: graph.get_param(names[k]).astype(np.float64) for k in keys}
     result, effective = quantize_weights(weights, names, hessians, list(by_input.values()), config, progress)
+    effective.update(quantize_tables({t: graph.get_param(t) for t in tables}, {t: t for t in tables}, config, result))
     for k, value in effective.items():
-        graph.set_param(names[k], value.astype(np.float32))
+        graph.set_param(k, value.astype(np.float32))
     return result

@@ -1,6 +1,7 @@
 """``quant_post_dynamic(model_dir, out, weight_bits=4, group_size=128, algo=...)`` on a saved model: group-wise
 weight-only codes for its matmuls, saved as the simulation plus, for the ONNX runtimes, ``inference.onnx``
-with ``MatMulNBits``.
+with ``MatMulNBits`` (and, with ``embedding_bits``, the quantized tables in that runtime's form:
+:mod:`qcore.export.gather_nbits`).
 
 Paddle Inference has no int4 (or group-wise int8) matmul on CPU, so the Paddle model written holds the
 dequantized weights (it runs anywhere, at float size and speed); the compressed, fast form is the ONNX file
@@ -99,5 +100,5 @@ def quant_post_weight_only(
         with tempfile.TemporaryDirectory(prefix="qptq-wo-") as tmp:
             simulated = graph.save(Path(tmp) / "sim", *names)
             extra[ONNX_FILE] = weight_only_onnx(find_model_files(simulated.directory), result.codes,
-                                                result.input_scales)
+                                                result.input_scales, runtime=target.name)
     return graph.save(save_model_dir, *names, extra_files=extra), result
