@@ -37,8 +37,9 @@ from onnx import numpy_helper
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from llm.llama import cache_names, export, load_gguf  # noqa: E402
-from llm.text import calibration_text, evaluation_text, token_windows  # noqa: E402
+from decoders import gemma3, llama  # noqa: E402
+from decoders.common import cache_names, export  # noqa: E402
+from decoders.text import calibration_text, evaluation_text, token_windows  # noqa: E402
 
 from qcore.deploy.host import describe_cpu  # noqa: E402
 from qcore.export.nbits import FLOAT_ACTIVATIONS, INT8_ACTIVATIONS, replace_matmuls  # noqa: E402
@@ -47,6 +48,7 @@ from qcore.model_io import find_model_files  # noqa: E402
 from qptq.weight_only import WeightOnlyConfig, quantize_  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "llm.md"
+MODELS = {"smollm2": ("SmolLM2-135M-Instruct", llama.load_gguf), "gemma3": ("Gemma 3 270M", gemma3.load_gguf)}
 WINDOW = 512
 THREADS = 2
 PROMPTS = ["The capital of France is", "In the beginning", "Once upon a time there was", "The meaning of life",
@@ -144,7 +146,7 @@ def timed(fn: Callable[[], Any]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2", choices=["smollm2"])
+    parser.add_argument("--model", default="smollm2", choices=sorted(MODELS))
     parser.add_argument("--text", type=Path, default=None, help="evaluation text (default: the KJV New Testament)")
     parser.add_argument("--calib-text", type=Path, default=None, help="calibration text (default: the Old Testament)")
     parser.add_argument("--variants", default="float,int8,int4-rtn,int4-gptq,int4-awq,ort,nncf")
@@ -159,7 +161,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="qbench-llm-"))
     paddle.set_device("cpu")
 
-    model, tokenizer = load_gguf()
+    model, tokenizer = MODELS[args.model][1]()
     cache = cache_names(model.cfg)
     eval_ids = tokenizer.encode(args.text.read_text() if args.text else evaluation_text()).ids
     calib_text = args.calib_text.read_text() if args.calib_text else calibration_text()
@@ -178,7 +180,7 @@ def main() -> None:
     if "float" in variants or "ort" in variants or "nncf" in variants:
         files["float"] = tuple(save(float_models[k], work / "float" / f"{k}.onnx") for k in ("prefill", "decode"))
     for name in [v for v in variants if v in OURS]:
-        fresh, _ = load_gguf()
+        fresh, _ = MODELS[args.model][1]()
         config = OURS[name]
         start = time.perf_counter()
         result = quantize_(fresh, config, calibration if config.calibrated else None)
@@ -301,7 +303,7 @@ def main() -> None:
 
 def write_table(rows: list[dict[str, Any]], notes: list[str], args: argparse.Namespace) -> None:
     lines = [
-        "# Weight-only LLM quantization (SmolLM2-135M-Instruct)", "",
+        f"# Weight-only LLM quantization ({MODELS[args.model][0]})", "",
         f"`python benchmarks/llm_weight_only.py --variants {args.variants} --windows {args.windows} --calib-seqs "
         f"{args.calib_seqs}` on {describe_cpu()}, {THREADS} threads. Reference: the GGUF's Q4_1 weights dequantized "
         "to float32 (already about 4.5-bit: losses are against it, not the original checkpoint). Perplexity: "
