@@ -73,8 +73,9 @@ def _ort_lookup(q: GroupCodes, ids: str, y: str, name: str, b_name: str) -> tupl
 
 
 def _ov_table(q: GroupCodes, name: str) -> tuple[list[str], list[Any], int]:
-    """The OpenVINO form's initializers (unsigned codes ``[vocab, hidden]``, steps, zero points), their names and
-    the block; one line for a group that is no power-of-two block dividing ``hidden``."""
+    """The OpenVINO form's initializers (unsigned codes ``[vocab, hidden]``, steps, zero points; ONNX packs 4-bit
+    tensors two a byte over the flattened tensor, not per row), their names and the block; one line for a group
+    that is no power-of-two block dividing ``hidden``."""
     from onnx import TensorProto, helper, numpy_helper
 
     hidden, vocab = q.codes.shape
@@ -88,9 +89,9 @@ def _ov_table(q: GroupCodes, name: str) -> tuple[list[str], list[Any], int]:
             else np.ascontiguousarray(q.zero_points.T, np.uint8))
     kind = TensorProto.UINT4 if q.bits == 4 else TensorProto.UINT8
     names = [f"{name}.codes", f"{name}.scales", f"{name}.zero_points"]
-    inits = [helper.make_tensor(names[0], kind, codes.shape, packed(codes, q.bits).tobytes(), raw=True),
+    inits = [helper.make_tensor(names[0], kind, codes.shape, packed(codes.reshape(-1), q.bits).tobytes(), raw=True),
              numpy_helper.from_array(np.ascontiguousarray(q.scales.T, np.float32), names[1]),
-             helper.make_tensor(names[2], kind, zero.shape, packed(zero, q.bits).tobytes(), raw=True)]
+             helper.make_tensor(names[2], kind, zero.shape, packed(zero.reshape(-1), q.bits).tobytes(), raw=True)]
     return names, inits, block
 
 
