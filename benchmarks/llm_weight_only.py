@@ -13,7 +13,9 @@ ONNX Runtime's ``MatMulNBitsQuantizer`` rewrites the same file, NNCF's ``compres
 read from it. Perplexity is the prefill model's over ``--windows`` windows of 512 tokens of evaluation text,
 greedy agreement the share of 8 prompts x ``--new-tokens`` greedy tokens equal to the float model's, decode
 tokens/s batch 1 through the cache, prefill tokens/s on a 512-token prompt; 2 threads; variants' timings
-interleaved round by round. The tied embedding / LM head stays float in every variant.
+interleaved round by round. The tied embedding / LM head stays float except in the ``-emb8`` / ``-emb4``
+variants (GatherBlockQuantized + MatMulNBits on one copy of the codes; the OpenVINO runtime decompresses that
+table when it compiles).
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ OURS = {
     "int4-rtn": WeightOnlyConfig(group_size=128, group_size_fallback="adjust"),
     "int4-gptq": WeightOnlyConfig(group_size=128, algo="gptq", group_size_fallback="adjust"),
     "int4-awq": WeightOnlyConfig(group_size=128, awq=True, clip_search=True, group_size_fallback="adjust"),
+    # the tied embedding / LM head too (RTN, groups of 64 of its 576 channels), in ONNX Runtime's form
+    "int4-rtn-emb8": WeightOnlyConfig(group_size=128, group_size_fallback="adjust", embedding_bits=8),
+    "int4-rtn-emb4": WeightOnlyConfig(group_size=128, group_size_fallback="adjust", embedding_bits=4),
 }
 
 
