@@ -53,11 +53,17 @@ class Applied:
 def apply_rules(
     graph: Graph, rules: ModelRules, planned: Sequence[Planned], *, weight_bits: int = 8, activation_bits: int = 8
 ) -> list[Applied]:
-    """Quantize every ``planned`` op the ``rules`` let run int8; returns what happened to each, in order."""
+    """Quantize every ``planned`` op the ``rules`` let run int8; returns what happened to each, in order.
+
+    The ops are rewritten in program order: an activation's shared QDQ pair is built before the first reader
+    rewritten, which must be its earliest (a decoder's RMSNorm reads the residual stream before the residual
+    add that the targets list first does)."""
     float_ops: dict[int, bool] = {}  # key of an op left float -> whether the caller's choice left it (or its conv)
     max_code = rules.target.weight_max_code(weight_bits, graph.family)
-    results = []
-    for item in planned:
+    position = {op.key: i for i, op in enumerate(graph.ops())}
+    results: dict[int, Applied] = {}
+    for index in sorted(range(len(planned)), key=lambda i: position.get(planned[i].target.op.key, -1)):
+        item = planned[index]
         target = item.target
         reason = item.keep_float or target.float_reason or rules.problem(target.op, weight_bits, item.per_channel)
         callers = item.keep_float is not None
@@ -70,7 +76,7 @@ def apply_rules(
             # follows from it (the residual add of a conv it keeps float) is logged at info level
             log_as = log.warning if not callers else log.debug if item.keep_float else log.info
             log_as("%r left in float: %s", target.op, reason)
-            results.append(Applied(item, left_float=reason))
+            results[index] = Applied(item, left_float=reason)
             continue
         done = quantize_op(
             graph, target.op, item.act_thresholds, weight_bits=weight_bits, activation_bits=activation_bits,
@@ -81,7 +87,8 @@ def apply_rules(
         )  # fmt: skip
         if target.runs_float:
             rules.keep_float(target.op)
-        results.append(Applied(item, done=done))
-    quantized = [a.planned.target.op for a in results if a.done is not None]
-    rules.finish(quantized, [name for a in results if a.done is not None for name in a.done.activations])
-    return results
+        results[index] = Applied(item, done=done)
+    ordered = [results[i] for i in range(len(planned))]
+    quantized = [a.planned.target.op for a in ordered if a.done is not None]
+    rules.finish(quantized, [name for a in ordered if a.done is not None for name in a.done.activations])
+    return ordered

@@ -55,12 +55,26 @@ def residual_joins(graph: Graph, skip_patterns: Iterable[str] = ()) -> list[OpTa
 
 #: Ops that read a sum in float on every runtime: a join they read gains no int8 kernel from QDQ on its inputs
 #: (a transformer's attention scores + mask / position bias go to a softmax).
-NORMALIZING_READERS = frozenset({"layer_norm", "softmax"})
+NORMALIZING_READERS = frozenset({"layer_norm", "rms_norm", "softmax"})
+#: Ops squaring their input (op type without "pd_op."): the first step of an RMSNorm written out, as decoders do.
+SQUARES = frozenset({"square", "multiply", "elementwise_mul"})
+
+
+def _normalizes(graph: Graph, reader: Operand) -> bool:
+    """``reader`` is a normalization (:data:`NORMALIZING_READERS`) or squares what it reads (``x * x``: an RMSNorm
+    in plain ops, whose statistic is the mean of that square)."""
+    kind = reader.op.type.split(".")[-1]
+    if kind in NORMALIZING_READERS or kind == "square":
+        return True
+    if kind not in SQUARES:
+        return False
+    operands = graph.operands(reader.op)
+    return len(operands) == 2 and all(o.name == reader.name for o in operands)
 
 
 def int8_joins(graph: Graph, skip_patterns: Iterable[str] = ()) -> list[OpTarget]:
-    """The residual joins worth quantizing: not those whose sum goes to a normalization (a transformer's
-    post-LayerNorm residual stream carries outlier channels that one per-tensor grid cannot hold, and the
+    """The residual joins worth quantizing: not those whose sum goes to a normalization (:func:`_normalizes`; a
+    transformer's residual stream carries outlier channels that one per-tensor grid cannot hold, and the
     LayerNorm runs float anyway; measured: all-MiniLM-L6-v2 cosine to float 0.94 with them, 0.993 without),
     nor those read only by joins left float (an attention bias built from a position bias and a mask: one
     per-tensor grid over the mask's -10000 and the bias's few units erases the bias; measured on
@@ -73,8 +87,7 @@ def _judged_joins(graph: Graph, skip_patterns: Iterable[str]) -> tuple[list[OpTa
     """Every residual join, the operands reading each (by key), and the keys of those :func:`int8_joins` keeps."""
     joins = residual_joins(graph, skip_patterns)
     readers = graph.readers([t.op for t in joins])
-    kept = {t.op.key for t in joins
-            if not any(r.op.type.split(".")[-1] in NORMALIZING_READERS for r in readers[t.op.key])}
+    kept = {t.op.key for t in joins if not any(_normalizes(graph, r) for r in readers[t.op.key])}
     keys = {t.op.key for t in joins}
     changed = True
     while changed:  # a join feeding only float joins gains nothing either
