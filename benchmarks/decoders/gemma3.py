@@ -22,13 +22,11 @@ buffer of ``sliding_window`` positions once a sequence is longer than the window
 from __future__ import annotations
 
 import math
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import paddle
-import paddle.nn.functional as F
 from paddle import nn
 
 from .common import (
@@ -38,6 +36,7 @@ from .common import (
     attention_bias,
     cache_names,
     export,
+    gelu_tanh,
     generate,
     inverse_frequencies,
     lm_logits,
@@ -61,7 +60,7 @@ class Block(nn.Layer):
         self.attn = Attention(cfg, scale=cfg.query_scale, qk_norm_eps=eps)
         self.post_attn_norm = RMSNorm(size, eps)
         self.pre_ffn_norm = RMSNorm(size, eps)
-        self.mlp = GatedMLP(cfg, partial(F.gelu, approximate=True))
+        self.mlp = GatedMLP(cfg, gelu_tanh)
         self.post_ffn_norm = RMSNorm(size, eps)
 
     def forward(self, h, cos, sin, bias, past_k, past_v):  # noqa: ANN001, ANN201 (same types as Attention)

