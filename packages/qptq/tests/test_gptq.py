@@ -12,14 +12,14 @@ from qptq.weight_only.gptq import gptq
 from qptq.weight_only.hessian import HessianAccumulator
 
 
-def _reference(weight, hessian, bits, group_size, symmetric, damp, act_order):
+def _reference(weight, hessian, bits, group_size, symmetric, damp, act_order, clip=1.0):
     """Optimal brain quantization as first written: after each channel, update the rest with the inverse
     Hessian and remove the channel from it (no Cholesky, no blocks)."""
     w, h = weight.astype(np.float64).copy(), hessian.astype(np.float64).copy()
     k, n = w.shape
     size = k if group_size == -1 else group_size
     order = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(k)
-    static = group_grid(w.reshape(k // size, size, n), bits, symmetric)
+    static = group_grid(w.reshape(k // size, size, n), bits, symmetric, clip)
     w, h = w[order], h[np.ix_(order, order)]
     h[np.diag_indices(k)] += damp * np.mean(np.diag(h))
     hinv = np.linalg.inv(h)
@@ -61,6 +61,26 @@ def test_blocked_gptq_equals_the_one_channel_at_a_time_reference(act_order, symm
                act_order=act_order)
     want = _reference(w, acc.hessian(), 4, group_size, symmetric, 0.01, act_order)
     np.testing.assert_array_equal(got.codes, want)
+
+
+def test_clipped_grids_fixed_up_front_are_the_reference_with_those_grids_and_searched_clips_help():
+    from qptq.weight_only.clip_search import search_clip
+
+    rng = np.random.default_rng(3)
+    x, w = _layer(rng, k=64, n=16, rows=512)
+    h = 2 * x.T @ x / len(x)
+    clip = search_clip(w, h, 4, 16)
+    assert clip.shape == (4, 16) and (clip < 1).any()
+    got = gptq(w, h, 4, 16, block_size=8, clip=clip)
+    np.testing.assert_array_equal(got.codes, _reference(w, h, 4, 16, False, 0.01, True, clip))
+    np.testing.assert_allclose(got.scales, group_grid(w.reshape(4, 16, 16), 4, False, clip)[0], rtol=1e-6)
+
+    def error(codes):
+        return np.linalg.norm(x @ (codes.dequantize() - w)) / np.linalg.norm(x @ w)
+
+    assert error(got) < error(gptq(w, h, 4, 16)), "searched clips lowered GPTQ's output error on this layer"
+    with pytest.raises(ConfigError, match="clip applies to the grids act order fixes up front"):
+        gptq(w, h, 4, 16, act_order=False, clip=clip)
 
 
 def test_gptq_lowers_the_layer_output_error_of_round_to_nearest():

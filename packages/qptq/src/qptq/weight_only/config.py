@@ -23,11 +23,12 @@ class WeightOnlyConfig:
 
     ``bits`` 4 or 8; ``group_size`` input channels per step (-1: per output channel); asymmetric (zero
     points) unless ``symmetric``; ``algo`` ``"rtn"`` (round to nearest) or ``"gptq"``; ``awq``
-    activation-aware scales first; ``clip_search`` per-group range search (with ``"rtn"``); ``ratio`` the
-    share of the weights (by count) at ``bits`` when 4, the rest int8: the linears whose 4-bit output error
-    per weight is largest (mixed precision); ``group_size_fallback`` what a linear whose width
-    ``group_size`` does not divide gets (:data:`GROUP_FALLBACKS`); linears whose full name matches one of
-    the ``skip`` regular expressions stay float.
+    activation-aware scales first; ``clip_search`` each group's range by layer output error (with ``"gptq"``:
+    of the grids it fixes before its updates); ``ratio`` the share of the weights (by count) at ``bits`` when
+    4, the rest int8: the linears whose 4-bit output error per weight is largest (mixed precision);
+    ``group_size_fallback`` what a linear whose width ``group_size`` does not divide gets
+    (:data:`GROUP_FALLBACKS`); linears whose full name matches one of the ``skip`` regular expressions stay
+    float.
     """
 
     bits: int = 4
@@ -51,8 +52,6 @@ class WeightOnlyConfig:
         if not 0.0 < self.ratio <= 1.0:
             raise ConfigError(f"ratio={self.ratio!r} is not valid; use the share of weights at {self.bits} bits, "
                               "in (0, 1]")
-        if self.clip_search and self.algo == "gptq":
-            raise ConfigError("clip_search chooses the grids GPTQ chooses itself; use it with algo='rtn'")
         for pattern in self.skip:
             try:
                 re.compile(pattern)

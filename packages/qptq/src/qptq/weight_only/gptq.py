@@ -40,14 +40,18 @@ def gptq(
     block_size: int = BLOCK_SIZE,
     damp: float = DAMP,
     act_order: bool = True,
+    clip: ArrayLike = 1.0,
 ) -> GroupCodes:
-    """Group-wise codes of ``weight`` (``[K, N]``) chosen by GPTQ for inputs of Hessian ``hessian`` (``[K, K]``)."""
+    """Group-wise codes of ``weight`` (``[K, N]``) chosen by GPTQ for inputs of Hessian ``hessian`` (``[K, K]``);
+    ``clip`` shrinks the ranges of the grids fixed up front (act order; :func:`.clip_search.search_clip`)."""
     check_bits(bits)
     w = np.array(weight, np.float64)
     h = np.array(hessian, np.float64)
     k, n = w.shape
     if h.shape != (k, k):
         raise ConfigError(f"the Hessian has shape {h.shape}; a [{k}, {n}] weight needs [{k}, {k}]")
+    if not act_order and np.any(np.asarray(clip) != 1.0):
+        raise ConfigError("clip applies to the grids act order fixes up front; use act_order=True")
     if not 0 <= damp < 1:
         raise ConfigError(f"damp={damp!r} is not valid; use a fraction of the mean diagonal in [0, 1)")
     groups = group_count(k, group_size)
@@ -59,7 +63,7 @@ def gptq(
     steps = np.zeros((groups, n))
     zeros = None if symmetric else np.zeros((groups, n))
     if act_order:
-        step, zero = group_grid(w.reshape(groups, size, n), bits, symmetric)
+        step, zero = group_grid(w.reshape(groups, size, n), bits, symmetric, clip)
         steps[:], zeros = step, zero
     order = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(k)
     h = h[np.ix_(order, order)]

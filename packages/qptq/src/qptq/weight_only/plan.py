@@ -67,10 +67,10 @@ class WeightPlan:
         if self.scales is not None:  # the weight rows times s read the input divided by s: its Hessian scales too
             w = w * self.scales[:, None]
             h = h / np.outer(self.scales, self.scales)
+        clip = search_clip(w, h, bits, self.group_size, config.symmetric) if config.clip_search else 1.0
         if config.algo == "gptq":
-            self.codes = gptq(w, h, bits, self.group_size, config.symmetric)
+            self.codes = gptq(w, h, bits, self.group_size, config.symmetric, clip=clip)
         else:
-            clip = search_clip(w, h, bits, self.group_size, config.symmetric) if config.clip_search else 1.0
             self.codes = quantize_groups(w, bits, self.group_size, config.symmetric, clip)
         effective = self.codes.dequantize().astype(np.float64)
         self.effective = effective if self.scales is None else effective / self.scales[:, None]
