@@ -48,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                                       "output channel)")
     groups.add_argument("--algo", default=None, choices=["rtn", "gptq"], help="round to nearest (default) or GPTQ")
     groups.add_argument("--awq", action="store_true", help="AWQ-style activation-aware scales first")
-    groups.add_argument("--clip-search", action="store_true", help="per-group range search (with rtn)")
+    groups.add_argument("--clip-search", action="store_true", help="per-group range search by output error (with gptq: of its fixed grids)")
     groups.add_argument("--symmetric", action="store_true", help="no zero points")
     groups.add_argument("--ratio", type=float, default=1.0, help="share of weights at 4 bits, the rest int8")
     groups.add_argument("--group-size-fallback", default="error", choices=["error", "adjust", "ignore"],
