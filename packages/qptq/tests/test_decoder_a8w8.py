@@ -91,6 +91,9 @@ def decoder(tmp_path_factory):
         gamma = np.ones(DIM, np.float32)
         gamma[[2, 19]] = 12.0
         layer.norm1.weight.set_value(gamma)
+    gamma = np.ones(DIM, np.float32)
+    gamma[[5, 23]] = 12.0
+    net.norm.weight.set_value(gamma)  # and the LM head's input: smoothing it would pay, but the table is tied
     directory = tmp_path_factory.mktemp("decoder") / "prefill"
     paddle.jit.save(net, str(directory / "inference"),
                     input_spec=[paddle.static.InputSpec([None, None], "int64", "input_ids")])
@@ -152,3 +155,18 @@ def test_the_residual_stream_stays_float_and_attention_follows_the_targets_rule(
         assert all(layer["left_float"].startswith(backend) for layer in attention)
     else:
         assert all("left_float" not in layer and len(layer["inputs"]) == 2 for layer in attention)
+
+
+def test_smoothing_leaves_the_tied_lm_head_alone_and_keeps_the_decoder(decoder, tmp_path):
+    """algo="auto" smooths the matmul inputs; the LM head's weight is the embedding table, whose rows scaled for
+    the head would scale every token's embedding too (here 0.43 off the float logits; SmolLM2's perplexity
+    went from 12 to 1700)."""
+    directory, calibration, evaluation = decoder
+    report = _quantize(directory, calibration, tmp_path / "auto", "onnxruntime", algo="auto")
+    feed = {"input_ids": evaluation}
+    reference = load_model(directory).run(feed)[0]
+    error = _relative_l2(load_model(tmp_path / "auto").run(feed)[0], reference)
+    assert 0.0 < error < 0.12
+    smoothed = [name for name, choice in report["smoothing"].items() if choice["alpha"] is not None]
+    assert len(report["smoothing"]) == 4 * LAYERS  # the inputs of q/k/v, o, gate/up and down; not the LM head's
+    assert smoothed

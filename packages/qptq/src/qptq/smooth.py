@@ -16,6 +16,7 @@ runtimes fuse it into the quantize step that follows.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -65,7 +66,10 @@ class Smoothing:
 
 def smoothable(graph: Graph, targets: Sequence[OpTarget]) -> dict[str, list[OpTarget]]:
     """Activations read by weighted matmul-kind targets with 2-D weights, with those readers (in program
-    order); an activation also read by another kind of weighted target (a conv) is left out."""
+    order); an activation also read by another kind of weighted target (a conv), or by a matmul whose weight
+    another op reads too (an LM head tied to the embedding table: scaling its rows would scale the lookup),
+    is left out."""
+    weight_readers = Counter(w.name for op in graph.ops() if (w := graph.weight_operand(op)) is not None)
     groups: dict[str, list[OpTarget]] = {}
     other: set[str] = set()
     for target in targets:
@@ -73,7 +77,7 @@ def smoothable(graph: Graph, targets: Sequence[OpTarget]) -> dict[str, list[OpTa
             continue
         name = target.activations[0].name
         fits = (kind_of(target.op.seed_type) is FC and replayable(graph, target.op)
-                and graph.get_param(target.weight.name).ndim == 2)
+                and graph.get_param(target.weight.name).ndim == 2 and weight_readers[target.weight.name] == 1)
         (groups.setdefault(name, []).append(target) if fits else other.add(name))
     return {name: readers for name, readers in groups.items() if name not in other}
 
