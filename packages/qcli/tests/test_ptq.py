@@ -369,6 +369,42 @@ def test_dynamic_int4_groups_with_gptq_for_onnx_runtime(tmp_path, capsys):
     assert row["deployed_vs_simulated"] < 0.02 and (out / "inference.onnx").is_file()
 
 
+def test_dynamic_int4_with_the_tied_embedding_table_int8(tmp_path, capsys):
+    import paddle
+
+    from qdemo.testing import save_tiny_net
+
+    class Tied(paddle.nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = paddle.nn.Embedding(512, 64)
+            self.proj = paddle.nn.Linear(64, 64)
+
+        def forward(self, ids):  # noqa: ANN001, ANN201
+            h = self.embed(ids)
+            return paddle.matmul(h + self.proj(h), self.embed.weight, transpose_y=True)
+
+    paddle.seed(0)
+    net = Tied()
+    net.eval()
+    save_tiny_net(net, tmp_path / "float", "pir", [paddle.static.InputSpec([None, None], "int64", "ids")])
+    np.save(tmp_path / "ids.npy", np.random.default_rng(0).integers(0, 512, (16, 24)))
+    out = tmp_path / "int4"
+    code = main(["ptq", "dynamic", str(tmp_path / "float"), str(out), "--bits", "4", "--group-size", "32",
+                 "--embedding-bits", "8", "--backend", "onnxruntime", "--data", str(tmp_path / "ids.npy")])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads((tmp_path / "int4.report.json").read_text())
+    assert report["weight_only"]["embedding_bits"] == 8
+    assert sorted((layer["bits"], tuple(layer["shape"])) for layer in report["layers"]) == [(4, (64, 64)),
+                                                                                           (8, (64, 512))]
+    # int4 64x64 and int8 64x512 (the table's transpose): codes, an fp32 step and a zero point per 32 weights
+    assert report["compressed_weight_bytes"] == 64 * 64 // 2 + 128 * 4 + 64 + 64 * 512 + 1024 * 4 + 1024
+    ops = {n.op_type for n in __import__("onnx").load(str(out / "inference.onnx")).graph.node}
+    assert {"GatherBlockQuantized", "MatMulNBits"} <= ops and "Gather" not in ops
+    assert report["verified"]["onnxruntime"]["deployed_vs_simulated"] < 0.02
+
+
 def test_dynamic_calibration_data_without_groups_is_one_line(tmp_path, capsys):
     assert main(["ptq", "dynamic", str(demo_model_dir("pir")), str(tmp_path / "o"), "--data", "x.npy"]) == 3
     assert "--data calibrates group-wise weights only" in capsys.readouterr().err

@@ -48,9 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                                       "output channel)")
     groups.add_argument("--algo", default=None, choices=["rtn", "gptq"], help="round to nearest (default) or GPTQ")
     groups.add_argument("--awq", action="store_true", help="AWQ-style activation-aware scales first")
-    groups.add_argument("--clip-search", action="store_true", help="per-group range search by output error (with gptq: of its fixed grids)")
+    groups.add_argument("--clip-search", action="store_true",
+                        help="per-group range search by output error (with gptq: of its fixed grids)")
     groups.add_argument("--symmetric", action="store_true", help="no zero points")
     groups.add_argument("--ratio", type=float, default=1.0, help="share of weights at 4 bits, the rest int8")
+    groups.add_argument("--embedding-bits", type=int, default=None, choices=[4, 8],
+                        help="also the embedding tables (and an LM head tied to one): int4 or int8 groups")
     groups.add_argument("--group-size-fallback", default="error", choices=["error", "adjust", "ignore"],
                         help="a width the group does not divide: refuse, adjust the group, or leave it float")
     groups.add_argument("--data", default=None,
@@ -132,7 +135,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _grouped(args: argparse.Namespace) -> bool:
     return args.weight_bits == 4 or args.group_size is not None or args.algo is not None or args.awq \
-        or args.clip_search
+        or args.clip_search or args.embedding_bits is not None
 
 
 def run_dynamic(args: argparse.Namespace) -> int:
@@ -162,7 +165,7 @@ def _run_weight_only(args: argparse.Namespace, source: ModelFiles) -> int:
     config = WeightOnlyConfig(
         bits=args.weight_bits, group_size=128 if args.group_size is None else args.group_size,
         symmetric=args.symmetric, algo=args.algo or "rtn", awq=args.awq, clip_search=args.clip_search,
-        ratio=args.ratio, group_size_fallback=args.group_size_fallback,
+        ratio=args.ratio, group_size_fallback=args.group_size_fallback, embedding_bits=args.embedding_bits,
     )
     samples = None if args.data is None else sample_source(args.data, lambda: _sample_shape(source, None))
     start = time.perf_counter()
