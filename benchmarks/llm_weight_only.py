@@ -66,10 +66,13 @@ OURS = {
     # the tied embedding / LM head too (int8 or int4, round to nearest in groups along hidden)
     "int4-rtn-emb8": WeightOnlyConfig(group_size=128, group_size_fallback="adjust", embedding_bits=8),
     "int4-rtn-emb4": WeightOnlyConfig(group_size=128, group_size_fallback="adjust", embedding_bits=4),
-    "int4-gptq-emb8": WeightOnlyConfig(group_size=128, algo="gptq", group_size_fallback="adjust", embedding_bits=8),
+    # GPTQ on grids whose ranges clip search chose (SmolLM2, 4 windows: +12.9 % perplexity against +16.7 %)
+    "int4-gptq-clip": WeightOnlyConfig(group_size=128, algo="gptq", clip_search=True, group_size_fallback="adjust"),
+    "int4-gptq-emb8": WeightOnlyConfig(group_size=128, algo="gptq", clip_search=True, group_size_fallback="adjust",
+                                       embedding_bits=8),
     # mixed precision: the fifth of the weights whose int4 output error is largest in int8, the table int8
-    "int4-best": WeightOnlyConfig(group_size=128, algo="gptq", group_size_fallback="adjust", ratio=0.8,
-                                  embedding_bits=8),
+    "int4-best": WeightOnlyConfig(group_size=128, algo="gptq", clip_search=True, group_size_fallback="adjust",
+                                  ratio=0.8, embedding_bits=8),
 }
 
 
