@@ -355,6 +355,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (0: accuracy only)")
     parser.add_argument("--work", type=Path, default=None,
                         help="keep the variants' files here and reuse those an earlier run left (default: a temp dir)")
+    parser.add_argument("--build-only", action="store_true", help="write the variants' files into --work and stop")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     variants = args.variants.split(",")
@@ -365,6 +366,8 @@ def main() -> None:
     paddle.set_device("cpu")
     bench = Bench(args)
     files = {name: built(bench, name) for name in variants}
+    if args.build_only:
+        return
     pairs = [(name, runtime, precision) for name in files
              for runtime, precision in RUNTIMES.get(name, [("onnxruntime", None), ("openvino", None)])]
     long_prompt = np.asarray(bench.windows[:1])
