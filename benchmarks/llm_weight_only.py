@@ -284,14 +284,15 @@ def build_nncf(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
     ov_model = ov.Core().read_model(str(bench.float_path))
     compressed = nncf.compress_weights(
         ov_model, mode=nncf.CompressWeightsMode.INT4_ASYM, group_size=128, ratio=1.0,
-        dataset=nncf.Dataset(bench.feeds(bench.args.calib_seqs)), awq=True, scale_estimation=True, gptq=True,
+        dataset=nncf.Dataset(bench.feeds(bench.args.calib_seqs)), awq=True, scale_estimation=True,
         advanced_parameters=AdvancedCompressionParameters(group_size_fallback_mode=GroupSizeFallbackMode.ADJUST))
     path = bench.work / name / "model.xml"
     path.parent.mkdir(parents=True, exist_ok=True)
     ov.save_model(compressed, str(path))
     return {"openvino": path}, (
         f"{name}: NNCF {nncf.__version__} compress_weights INT4_ASYM g128 (group size adjusted where 128 "
-                  "does not divide: 64 on 576-wide inputs, as ours), AWQ + scale estimation + GPTQ with "
+        "does not divide: 64 on 576-wide inputs, as ours), AWQ + scale estimation (adding gptq=True fails on "
+        "this graph: 'RuntimeError: Transpose is not supported', the tied head's Transpose) with "
                   f"{bench.args.calib_seqs} calibration sequences; NNCF also stores the embedding and the tied "
                   "LM head int8 per channel, which the other rows keep float unless they say otherwise")
 
