@@ -100,7 +100,8 @@ def save(model: onnx.ModelProto, path: Path) -> Path:
 
 
 def file_mb(path: Path) -> float:
-    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*")) / 1e6
+    """MB of a model file and its weights beside it (``model.onnx.data``, OpenVINO's ``model.bin``)."""
+    return sum(p.stat().st_size for p in path.parent.glob(path.stem + ".*") if p.is_file()) / 1e6
 
 
 class Runner:
