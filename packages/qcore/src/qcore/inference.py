@@ -22,6 +22,7 @@ from typing import Union
 import numpy as np
 from paddle import inference
 
+from .custom_ops import register_custom_ops
 from .deploy import TARGETS, DeployTarget, OnnxPredictor, OnnxTarget, get_target
 from .deploy.base import marked_backend
 from .errors import ConfigError
@@ -71,6 +72,7 @@ def create_predictor(
     if reason is not None:
         raise ConfigError(f"backend {target.name!r} cannot run {files.model_file}: {reason}")
     program = files.model_file.read_bytes()
+    register_custom_ops(program)  # before the predictor: it reads the program when created
     made_for = target.made_for_problem(marked_backend(program) if files.family == "legacy" else None)
     if made_for is not None:
         warnings.warn(f"{files.model_file}: {made_for}", stacklevel=2)

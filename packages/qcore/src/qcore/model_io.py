@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import paddle
 
+from .custom_ops import register_custom_ops
 from .diagnose import is_legacy_program, load_problem, truncation
 from .errors import ModelFormatError, OutputError
 from .model_files import ModelFiles
@@ -193,6 +194,7 @@ def load_model(
             f"{files.model_file} is a PIR model; Paddle 3 cannot translate PIR back to a legacy "
             "ProgramDesc, so load it as family='pir'"
         )
+    register_custom_ops(files.model_file)
     scope = paddle.static.Scope()
     exe = cpu_executor()
     with static_mode(files.family, scope):

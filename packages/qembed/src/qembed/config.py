@@ -10,6 +10,8 @@ Older form (flat keys, one table named by ``params_name``)::
 
 Flat per-table keys also act as defaults for every op type, so both forms mix. ``per_row``
 (False, True or "auto") is ours, not the seeds'; it defaults to False, the seeds' whole-table scale.
+``fused_lookup`` (False, True or "auto") is ours too: read the tables with the compiled ``qembed_lookup``
+op (:mod:`qembed.ext`) instead of the op sequence; "auto" where it is built.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ from .table import DEFAULT_MAX_ERROR
 
 PerRow = Union[bool, str]  # True, False or "auto"
 TABLE_KEYS = ("quantize_type", "quantize_bits", "dtype", "threshold", "per_row", "asymmetric", "max_error")
-TOP_KEYS = ("quantize_op_types", "params_name")
+TOP_KEYS = ("quantize_op_types", "params_name", "fused_lookup")
 BITS_RANGE = (2, 8)  # codes are stored as int8 whatever the bit width
 DTYPES = ("int8",)
 PER_ROW_CHOICES = (False, True, "auto")
 ASYMMETRIC_CHOICES = (False, True, "auto")
+FUSED_CHOICES = (False, True, "auto")
 THRESHOLD_MAX = float(np.finfo(np.float32).max)  # tables are float32
 
 
@@ -101,6 +104,7 @@ class EmbeddingConfig:
     op_types: tuple[str, ...]
     params_names: tuple[str, ...] | None
     tables: Mapping[str, TableConfig]
+    fused_lookup: bool | str = False  # True: the compiled op (required), "auto": where it is built
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any] | None) -> EmbeddingConfig:
@@ -131,4 +135,5 @@ class EmbeddingConfig:
         names = config.get("params_name")
         if names is not None:
             names = validate_names("params_name", names, allow_str=True)
-        return cls(op_types, names, tables)
+        fused = validate_choice("fused_lookup", config.get("fused_lookup", False), FUSED_CHOICES)
+        return cls(op_types, names, tables, fused)

@@ -1,7 +1,8 @@
 """``quant_embedding``: store a program's embedding tables as int8 with a dequantizing lookup.
 
 Each matched lookup then reads the int8 table, casts only the looked-up rows to float and
-multiplies them by the scale (the per-row scales are looked up with the same ids). Works on
+multiplies them by the scale (the per-row scales are looked up with the same ids), or, with
+``fused_lookup``, is one ``qembed_lookup`` op (:mod:`qembed.ext`) doing all of that. Works on
 both of Paddle 3's program kinds through :mod:`qcore.graph`; measured on Paddle 3.3.1 CPU,
 the rewritten program runs in the executor and in ``paddle.inference`` (oneDNN on or off).
 """
@@ -23,6 +24,7 @@ from qcore.model_io import Model, ModelFiles, check_model_output, load_model
 from qcore.optable import LOOKUP, seed_types
 from qcore.quant import LN2, qmax
 
+from . import ext
 from .config import EmbeddingConfig, TableConfig
 from .table import TableChoice, choose_table_quantization
 
@@ -35,6 +37,7 @@ OP_FAMILIES = {seed: (seed,) for seed in EMBEDDING_OP_TYPES} | {
 # and dequantized as a whole in front of the op. The file shrinks; run-time memory does not.
 WHOLE_TABLE_OPS = ("c_embedding", "pyramid_hash")
 NOT_IN_PADDLE_3 = "fused_embedding_seq_pool cannot occur: Paddle 3 no longer registers it"
+OP_SEQUENCE, FUSED, WHOLE_TABLE = "op sequence", f"fused ({ext.OP_TYPE})", "whole table"
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class TableReport:
     shape: tuple[int, ...]
     choice: TableChoice
     whole_table: bool = False  # dequantized as a whole before the op (its kernel rejects int8 tables)
+    lookup: str = OP_SEQUENCE  # how the model reads it: OP_SEQUENCE, FUSED (needs qembed.ext) or WHOLE_TABLE
 
     @property
     def float_bytes(self) -> int:
@@ -119,6 +123,7 @@ def quant_embedding_model(
 def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> list[TableReport]:
     """Rewrite every matched lookup of ``graph``; one :class:`TableReport` per table."""
     cfg = EmbeddingConfig.from_dict(config)
+    fused_op = _fused_op(cfg.fused_lookup)
     seed_of = {op_type: seed for seed in cfg.op_types for op_type in OP_FAMILIES[seed]}
     tables: dict[str, list[OpRef]] = {}
     for op in graph.ops(seed_of):
@@ -157,11 +162,20 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> li
                 axis = 0 if choice.per_row else None
                 graph.quantize_weight(graph.weight_operand(op), q.bits, axis, thresholds, float_dequant=True)
             else:
-                graph.quantize_lookup(op, q.codes, q.scales, log_step=log_step, bits=q.bits, offsets=q.offsets)
+                graph.quantize_lookup(op, q.codes, q.scales, log_step=log_step, bits=q.bits, offsets=q.offsets,
+                                      fused_op=fused_op)
         graph.drop_param_if_unused(name)
         op_types = tuple(sorted({o.seed_type or "" for o in ops}))
-        reports.append(TableReport(name, op_types, shape, choice, whole_table))
+        lookup = WHOLE_TABLE if whole_table else FUSED if fused_op else OP_SEQUENCE
+        reports.append(TableReport(name, op_types, shape, choice, whole_table, lookup))
     return reports
+
+
+def _fused_op(fused_lookup: bool | str) -> str | None:
+    """The op type lookups are fused into (``fused_lookup``: True needs it built, "auto" takes it if built)."""
+    if fused_lookup is True:
+        ext.require()
+    return ext.OP_TYPE if fused_lookup and ext.load() else None
 
 
 def _float32_table(graph: Graph, name: str) -> np.ndarray:

@@ -69,6 +69,8 @@ class LookupTables:
     offset: Any = None  # [rows, 1]: affine rows (codes * scale + offset)
     byte_values: Any = None  # [256, codes per byte] float: packed bytes -> their codes' values
     padded: bool = False  # packed rows decode to more than ``dim`` values (the last byte is not full)
+    code_values: Any = None  # [256] float: unpacked log code c -> its value at c + 128 (fused lookups only)
+    per_byte: int = 1  # codes per stored byte
 
 
 @dataclass(frozen=True)
@@ -470,7 +472,7 @@ class Graph(ABC):
 
     def quantize_lookup(
         self, op: OpRef, codes: np.ndarray, scales: np.ndarray, log_step: float | None = None, *,
-        bits: int = 8, offsets: np.ndarray | None = None,
+        bits: int = 8, offsets: np.ndarray | None = None, fused_op: str | None = None,
     ) -> None:
         """Make the table lookup ``op`` read int8 ``codes`` and dequantize only the rows it looks up.
 
@@ -485,6 +487,10 @@ class Graph(ABC):
         Codes of ``bits`` <= 4 are stored packed (:mod:`qcore.packing`): the lookup reads the packed
         rows and one more lookup, in a 256-row table, turns each byte into its codes' values. A
         table read by several lookups is stored once.
+
+        ``fused_op`` names a registered custom op (qembed's ``qembed_lookup``) that replaces the lookup
+        and the whole sequence: it takes ``Ids, Codes, Scale, Offset?, Values?`` and the attributes
+        ``dim, packed`` (codes per byte, 1 unpacked), ``pooling`` and ``padding_idx``.
         """
         weight = self.weight_operand(op)
         if weight is None:
@@ -502,12 +508,17 @@ class Graph(ABC):
         with self._editing():
             key = weight.name
             if key not in self._weight_dq:
-                self._weight_dq[key] = self._lookup_params(op, key, codes, scales, log_step, bits, offsets)
-            self._build_lookup_dq(op, weight, self._weight_dq[key])
+                self._weight_dq[key] = self._lookup_params(op, key, codes, scales, log_step, bits, offsets,
+                                                           fused_op is not None)
+            if fused_op is None:
+                self._build_lookup_dq(op, weight, self._weight_dq[key])
+            else:
+                self._build_lookup_fused(op, self._weight_dq[key], fused_op)
 
     def _lookup_params(self, op: OpRef, key: str, codes: np.ndarray, scales: np.ndarray, log_step: float | None,
-                       bits: int, offsets: np.ndarray | None) -> LookupTables:
-        """Add the parameters of a quantized table: its (packed) codes, scales, offsets and byte values."""
+                       bits: int, offsets: np.ndarray | None, fused: bool = False) -> LookupTables:
+        """Add the parameters of a quantized table: its (packed) codes, scales, offsets and byte values
+        (``fused``: the value of each unpacked log code too)."""
         rows, dim = codes.shape
         per_row = scales.size > 1
         column = [rows, 1] if per_row else [1]
@@ -515,23 +526,38 @@ class Graph(ABC):
         def add(suffix: str, value: np.ndarray) -> Any:
             return self._add_param(self._new_param_name(f"{key}{suffix}"), value, op)
 
+        def log_values(c: np.ndarray) -> np.ndarray:  # sign(c) * exp(log_step * (1 - |c|)), 0 for c = 0
+            return np.sign(c) * np.exp(log_step * (1 - np.abs(c)))
+
         if bits > MAX_PACKED_BITS:
+            code_values = None
+            if fused and log_step is not None:
+                code_values = add("@code_values", log_values(np.arange(-128, 128.0)).astype(np.float32))
             return LookupTables(add(".quantized", codes), add("@scale", scales.reshape(column)), dim, per_row,
-                                log_step=log_step)
+                                log_step=log_step, code_values=code_values)
         fields = np.arange(1 << field_bits(bits))
         values = fields if offsets is not None else signed_fields(fields, bits).astype(np.float64)
-        if log_step is not None:  # sign(c) * exp(log_step * (1 - |c|)), 0 for c = 0
-            values = np.sign(values) * np.exp(log_step * (1 - np.abs(values)))
+        if log_step is not None:
+            values = log_values(values)
         return LookupTables(
             add(".packed", pack_codes(codes, bits)),
             add("@scale", scales.reshape(column)), dim, per_row,
             offset=None if offsets is None else add("@offset", np.asarray(offsets, np.float32).reshape(column)),
             byte_values=add("@byte_values", byte_values(bits, values)),
             padded=dim % codes_per_byte(bits) != 0,
+            per_byte=codes_per_byte(bits),
         )
 
     @abstractmethod
     def _build_lookup_dq(self, op: OpRef, weight: Operand, tables: LookupTables) -> None: ...
+
+    @abstractmethod
+    def _build_lookup_fused(self, op: OpRef, tables: LookupTables, op_type: str) -> None: ...
+
+    @staticmethod
+    def _fused_attrs(tables: LookupTables, pooling: str, padding_idx: int) -> dict[str, Any]:
+        """The attributes of a fused lookup op reading ``tables``."""
+        return {"dim": tables.dim, "packed": tables.per_byte, "pooling": pooling, "padding_idx": padding_idx}
 
     def replace_weight(self, operand: Operand, value: np.ndarray, suffix: str = "replaced") -> str:
         """Make ``operand``'s op read a new float parameter holding ``value``; returns its name."""

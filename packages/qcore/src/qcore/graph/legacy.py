@@ -325,6 +325,20 @@ class LegacyGraph(Graph):
         add("elementwise_add", {"X": scaled, "Y": add(lookup, {"Ids": ids, "W": tables.offset}, padding)},
             {"axis": -1}, result=out)
 
+    def _build_lookup_fused(self, op: OpRef, tables: LookupTables, op_type: str) -> None:
+        ids_slot, out_slot = ("x", "out") if op.type == "embedding_with_scaled_gradient" else ("Ids", "Out")
+        padding = op.raw.attr("padding_idx") if op.raw.has_attr("padding_idx") else -1
+        inputs = {"Ids": op.raw.input(ids_slot), "Codes": [tables.codes], "Scale": [tables.scale]}
+        values = tables.byte_values if tables.byte_values is not None else tables.code_values
+        for slot, name in (("Offset", tables.offset), ("Values", values)):
+            if name is not None:
+                inputs[f"{slot}@OPTIONAL"] = [name]  # how a custom op's optional input is named in a ProgramDesc
+        pooling = "sum" if op.type == "lookup_table" else "none"  # v1's ids end in a 1, which its output drops
+        at = self._index(op.raw)
+        self.block._insert_op(at + 1, type=op_type, inputs=inputs, outputs={"Out": op.raw.output(out_slot)},
+                              attrs=self._fused_attrs(tables, pooling, padding))
+        self.block._remove_op(at)
+
     def _new_var_name(self, base: str) -> str:
         name, k = base, 1
         while self.block._find_var_recursive(name) is not None:

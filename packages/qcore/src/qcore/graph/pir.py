@@ -324,6 +324,15 @@ class PirGraph(Graph):
                 value = paddle._C_ops.add(value, paddle._C_ops.embedding(ids, tables.offset, padding_idx, False))
         self._replace_result(op.raw, value)
 
+    def _build_lookup_fused(self, op: OpRef, tables: LookupTables, op_type: str) -> None:
+        padding_idx = int(op.raw.attrs().get("padding_idx", -1))
+        values = tables.byte_values if tables.byte_values is not None else tables.code_values
+        attrs = self._fused_attrs(tables, "none", padding_idx)
+        with self._inserting_before(op.raw):
+            (value,) = paddle._C_ops._run_custom_op(op_type, op.raw.operand_source(0), tables.codes, tables.scale,
+                                                    tables.offset, values, *attrs.values())
+        self._replace_result(op.raw, value)
+
     def _single_user(self, value: Any) -> Any | None:
         users = value.all_used_ops()
         return users[0] if len(users) == 1 else None

@@ -1,0 +1,205 @@
+// qembed_lookup: ids -> quantized rows -> dequantized -> pooled, in one pass (Paddle custom CPU op).
+//
+// Inputs (the parameters quant_embedding stores, see qembed.ext):
+//   Ids    int64 or int32, any shape; pooled modes pool over its last axis.
+//   Codes  int8 [rows, dim] (one code per value), or [rows, ceil(dim / k)] bytes of k packed codes.
+//   Scale  float32 [rows, 1] (per row) or [1].
+//   Offset optional float32 [rows, 1]: value = code value * scale + offset.
+//   Values optional float32: unpacked, [256] value of code c at c + 128 (log codes); packed, [256, k]
+//          the k code values of byte b at row b + 128 (required when packed). Without it an unpacked
+//          code's value is the code.
+// Attrs: dim, packed (codes per byte k; 1 = unpacked), pooling ("none", "sum", "mean", "sqrt_mean"),
+//   padding_idx (negative: none). Ids equal to padding_idx give zero rows ("none") or are left out of the
+//   bag (pooled; mean and sqrt_mean count only the others; a bag without ids pools to zeros).
+// The arithmetic is the op sequence's (code value * scale, then + offset, each rounded to float32) and
+// bags are summed id by id in order; build with -ffp-contract=off so no multiply-add is fused.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "paddle/extension.h"
+
+namespace {
+
+enum class Pool { kNone, kSum, kMean, kSqrtMean };
+
+Pool ParsePool(const std::string& name) {
+  if (name == "none") return Pool::kNone;
+  if (name == "sum") return Pool::kSum;
+  if (name == "mean") return Pool::kMean;
+  if (name == "sqrt_mean") return Pool::kSqrtMean;
+  PD_THROW("qembed_lookup: pooling must be none, sum, mean or sqrt_mean, got ", name);
+}
+
+struct Table {
+  const int8_t* codes;
+  int64_t rows;
+  int64_t width;  // bytes per row
+  int64_t dim;
+  int64_t per_byte;  // codes per byte (1: unpacked)
+  const float* scale;
+  bool per_row;
+  const float* offset;  // nullptr: none
+  const float* values;  // nullptr: code value = code
+};
+
+// out[d] (=, or += when Add) the dequantized row `id`.
+template <bool Add>
+inline void Row(const Table& t, int64_t id, float* out) {
+  const int8_t* c = t.codes + id * t.width;
+  const float s = t.per_row ? t.scale[id] : t.scale[0];
+  const float o = t.offset ? t.offset[id] : 0.0f;
+  const bool has_offset = t.offset != nullptr;
+  const int64_t dim = t.dim;
+  if (t.per_byte == 1) {
+    if (t.values) {
+      const float* v = t.values + 128;
+      for (int64_t d = 0; d < dim; ++d) {
+        float x = v[c[d]] * s;
+        if (has_offset) x = x + o;
+        out[d] = Add ? out[d] + x : x;
+      }
+    } else if (has_offset) {
+      for (int64_t d = 0; d < dim; ++d) {
+        float x = static_cast<float>(c[d]) * s + o;
+        out[d] = Add ? out[d] + x : x;
+      }
+    } else {
+      for (int64_t d = 0; d < dim; ++d) {
+        float x = static_cast<float>(c[d]) * s;
+        out[d] = Add ? out[d] + x : x;
+      }
+    }
+    return;
+  }
+  const int64_t k = t.per_byte;
+  const float* lut = t.values + 128 * k;
+  int64_t d = 0;
+  for (int64_t b = 0; b < t.width; ++b) {
+    const float* v = lut + c[b] * k;
+    for (int64_t j = 0; j < k && d < dim; ++j, ++d) {
+      float x = v[j] * s;
+      if (has_offset) x = x + o;
+      out[d] = Add ? out[d] + x : x;
+    }
+  }
+}
+
+template <typename Id>
+void Run(const Table& t, const Id* ids, int64_t bags, int64_t bag, Pool pool, int64_t padding_idx, float* out) {
+  for (int64_t i = 0; i < bags * bag; ++i) {
+    const int64_t id = static_cast<int64_t>(ids[i]);
+    if (id < 0 || id >= t.rows) {  // (so a negative padding_idx, i.e. none, matches no id below)
+      PD_THROW("qembed_lookup: id ", id, " is outside the table's ", t.rows, " rows; ids must be in [0, ", t.rows,
+               ")");
+    }
+  }
+  const int64_t dim = t.dim;
+  if (pool == Pool::kNone) {
+    for (int64_t i = 0; i < bags * bag; ++i) {
+      float* o = out + i * dim;
+      const int64_t id = static_cast<int64_t>(ids[i]);
+      if (id == padding_idx) {
+        std::memset(o, 0, sizeof(float) * dim);
+      } else {
+        Row<false>(t, id, o);
+      }
+    }
+    return;
+  }
+  for (int64_t b = 0; b < bags; ++b) {
+    float* o = out + b * dim;
+    std::memset(o, 0, sizeof(float) * dim);
+    int64_t n = 0;
+    for (int64_t j = 0; j < bag; ++j) {
+      const int64_t id = static_cast<int64_t>(ids[b * bag + j]);
+      if (id == padding_idx) continue;
+      Row<true>(t, id, o);
+      ++n;
+    }
+    if (n == 0 || pool == Pool::kSum) continue;
+    const float div = pool == Pool::kMean ? static_cast<float>(n) : std::sqrt(static_cast<float>(n));
+    for (int64_t d = 0; d < dim; ++d) o[d] = o[d] / div;
+  }
+}
+
+std::vector<int64_t> OutShape(const std::vector<int64_t>& ids, int64_t dim, const std::string& pooling) {
+  std::vector<int64_t> shape(ids);
+  if (ParsePool(pooling) != Pool::kNone) {
+    PD_CHECK(!shape.empty(), "qembed_lookup: pooled lookups need ids of rank >= 1 (the last axis is pooled)");
+    shape.pop_back();
+  }
+  shape.push_back(dim);
+  return shape;
+}
+
+}  // namespace
+
+std::vector<paddle::Tensor> LookupForward(const paddle::Tensor& ids, const paddle::Tensor& codes,
+                                          const paddle::Tensor& scale, const paddle::optional<paddle::Tensor>& offset,
+                                          const paddle::optional<paddle::Tensor>& values, int64_t dim, int64_t packed,
+                                          const std::string& pooling, int64_t padding_idx) {
+  PD_CHECK(ids.is_cpu() && codes.is_cpu(), "qembed_lookup runs on the CPU only");
+  PD_CHECK(codes.dtype() == paddle::DataType::INT8 && codes.dims().size() == 2, "qembed_lookup: Codes must be int8 [rows, width]");
+  PD_CHECK(scale.dtype() == paddle::DataType::FLOAT32, "qembed_lookup: Scale must be float32");
+  PD_CHECK(packed == 1 || packed == 2 || packed == 4, "qembed_lookup: packed must be 1, 2 or 4 codes per byte");
+  const int64_t rows = codes.dims()[0];
+  Table t{codes.data<int8_t>(), rows, codes.dims()[1], dim, packed, scale.data<float>(), scale.numel() > 1,
+          nullptr, nullptr};
+  PD_CHECK(t.width * packed >= dim && t.width * packed - dim < packed,
+           "qembed_lookup: Codes rows hold ", t.width * packed, " codes, not dim=", dim);
+  PD_CHECK(scale.numel() == 1 || scale.numel() == rows, "qembed_lookup: Scale needs 1 or one per row values");
+  if (offset) {
+    PD_CHECK(offset->dtype() == paddle::DataType::FLOAT32 && offset->numel() == rows,
+             "qembed_lookup: Offset must be float32 with one value per row");
+    t.offset = offset->data<float>();
+  }
+  if (values) {
+    PD_CHECK(values->dtype() == paddle::DataType::FLOAT32 && values->numel() == 256 * packed,
+             "qembed_lookup: Values must be float32 with 256 x codes-per-byte entries");
+    t.values = values->data<float>();
+  }
+  PD_CHECK(packed == 1 || t.values != nullptr, "qembed_lookup: packed codes need Values (their byte table)");
+  const Pool pool = ParsePool(pooling);
+  const std::vector<int64_t> id_shape = ids.shape();
+  const int64_t bag = pool == Pool::kNone || id_shape.empty() ? 1 : id_shape.back();
+  const int64_t bags = bag == 0 ? 0 : ids.numel() / bag;
+  auto out = paddle::empty(OutShape(id_shape, dim, pooling), paddle::DataType::FLOAT32, paddle::CPUPlace());
+  float* o = out.data<float>();
+  if (pool != Pool::kNone && bag == 0) {
+    std::memset(o, 0, sizeof(float) * out.numel());  // every bag is empty
+  } else if (ids.dtype() == paddle::DataType::INT64) {
+    Run(t, ids.data<int64_t>(), bags, bag, pool, padding_idx, o);
+  } else if (ids.dtype() == paddle::DataType::INT32) {
+    Run(t, ids.data<int32_t>(), bags, bag, pool, padding_idx, o);
+  } else {
+    PD_THROW("qembed_lookup: Ids must be int64 or int32");
+  }
+  return {out};
+}
+
+std::vector<std::vector<int64_t>> LookupInferShape(const std::vector<int64_t>& ids, const std::vector<int64_t>& codes,
+                                                   const std::vector<int64_t>& scale,
+                                                   const paddle::optional<std::vector<int64_t>>& offset,
+                                                   const paddle::optional<std::vector<int64_t>>& values, int64_t dim,
+                                                   int64_t packed, const std::string& pooling, int64_t padding_idx) {
+  return {OutShape(ids, dim, pooling)};
+}
+
+std::vector<paddle::DataType> LookupInferDtype(const paddle::DataType& ids, const paddle::DataType& codes,
+                                               const paddle::DataType& scale,
+                                               const paddle::optional<paddle::DataType>& offset,
+                                               const paddle::optional<paddle::DataType>& values) {
+  return {paddle::DataType::FLOAT32};
+}
+
+PD_BUILD_OP(qembed_lookup)
+    .Inputs({"Ids", "Codes", "Scale", paddle::Optional("Offset"), paddle::Optional("Values")})
+    .Outputs({"Out"})
+    .Attrs({"dim: int64_t", "packed: int64_t", "pooling: std::string", "padding_idx: int64_t"})
+    .SetKernelFn(PD_KERNEL(LookupForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(LookupInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(LookupInferDtype));

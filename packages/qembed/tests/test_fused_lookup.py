@@ -1,0 +1,209 @@
+"""The compiled lookup (qembed.ext): built where a compiler is, equal bit for bit to the op sequence and to
+the numpy rows in both IRs, pooled forms, and the fallback when it is not built."""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+
+from qcore.errors import ConfigError
+from qcore.inference import predict
+from qcore.model_io import load_model
+from qcore.packing import byte_values, pack_codes
+from qdemo.testing import save_tiny_net
+from qembed import ext, quant_embedding_model, quantize_table
+from qembed.program import FUSED, OP_SEQUENCE
+from qembed.table import choose_table_quantization
+
+ROWS, DIM, BAG = 300, 7, 5  # an odd dim: the last packed byte of a row is not full
+SCHEMES = {
+    "int8-one-scale": {},
+    "int8-per-row": {"per_row": True},
+    "int6-per-row": {"quantize_bits": 6, "per_row": True},
+    "int4-packed": {"quantize_bits": 4, "per_row": True, "asymmetric": False},
+    "int4-one-scale-packed": {"quantize_bits": 4},
+    "int4-offsets-packed": {"quantize_bits": 4, "per_row": True, "asymmetric": True},
+    "int3-offsets-packed": {"quantize_bits": 3, "per_row": True, "asymmetric": True},
+    "int2-offsets-packed": {"quantize_bits": 2, "per_row": True, "asymmetric": True},
+    "log4-packed": {"quantize_type": "log", "quantize_bits": 4, "per_row": True},
+    "log8": {"quantize_type": "log", "per_row": True},
+}
+# Log values: the op's come from a table computed in float64 and rounded, as the packed sequence's do; the unpacked
+# sequence computes exp in float32 (a few float32 steps off), numpy multiplies by the scale in float64 (one step).
+LOG = ("log4-packed", "log8")
+
+
+class Rows(paddle.nn.Layer):
+    """ids [batch, BAG] -> their rows (id 0 is padding: zero rows)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = paddle.nn.Embedding(ROWS, DIM, padding_idx=0)
+
+    def forward(self, ids: paddle.Tensor) -> paddle.Tensor:
+        return self.emb(ids)
+
+
+@pytest.fixture(autouse=True)
+def _dynamic_afterwards():
+    yield
+    paddle.disable_static()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """This machine's build of the op, in a fresh cache directory."""
+    if ext.compiler() is None:
+        pytest.skip("no C++ compiler: the fused lookup cannot be built here (the fallback tests still run)")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ext.DIR_ENV, str(tmp_path_factory.mktemp("ext")))
+        path = ext.build()
+        assert ext.load()
+        yield path
+
+
+@pytest.fixture
+def not_built(tmp_path, monkeypatch):
+    monkeypatch.setenv(ext.DIR_ENV, str(tmp_path / "empty"))
+
+
+@pytest.fixture(scope="module")
+def table() -> np.ndarray:
+    values = np.random.default_rng(0).normal(0, 0.1, (ROWS, DIM)).astype(np.float32)
+    values[1:10] *= 8  # hot rows of large norm
+    values[0] = 0
+    return values
+
+
+@pytest.fixture(scope="module")
+def ids() -> np.ndarray:
+    batch = np.random.default_rng(1).integers(1, ROWS, (6, BAG)).astype(np.int64)
+    batch[1, 2:] = 0  # a short list, padded
+    batch[3] = 0  # an empty list
+    batch[4, 0] = ROWS - 1
+    return batch
+
+
+@pytest.fixture(scope="module", params=["pir", "legacy_pdmodel"])
+def rows_model(request, table, tmp_path_factory):
+    paddle.disable_static()
+    net = Rows()
+    net.emb.weight.set_value(table)
+    net.eval()
+    directory = tmp_path_factory.mktemp("rows") / request.param
+    spec = [paddle.static.InputSpec([None, BAG], "int64", "ids")]
+    return directory, save_tiny_net(net, directory, request.param, spec)
+
+
+def test_build_is_cached_per_machine_and_atomic(built):
+    assert built.is_file() and built.parent == ext.cache_dir()
+    stamp = built.stat().st_mtime_ns
+    assert ext.build() == built and built.stat().st_mtime_ns == stamp  # built once
+    assert not [p for p in built.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_fused_equals_the_op_sequence_and_the_numpy_rows(built, rows_model, ids, tmp_path, scheme):
+    directory, kwargs = rows_model
+    config = SCHEMES[scheme]
+    seq_files, (seq,) = quant_embedding_model(directory, tmp_path / "seq", config, **kwargs)
+    files, (report,) = quant_embedding_model(directory, tmp_path / "fused", {**config, "fused_lookup": True},
+                                             **kwargs)
+    assert (seq.lookup, report.lookup) == (OP_SEQUENCE, FUSED)
+    assert b"qembed_lookup" in files.model_file.read_bytes()
+    assert report.quantized_bytes == seq.quantized_bytes
+    q = report.choice.table
+    expected = np.where((ids == 0)[..., None], np.float32(0), q.rows(ids))
+    sequence = load_model(seq_files).run({"ids": ids})[0]
+    for got in (load_model(files).run({"ids": ids})[0], predict(files, {"ids": ids})[0]):
+        assert got.shape == (len(ids), BAG, DIM)
+        if scheme == "log8":
+            np.testing.assert_allclose(got, sequence, rtol=1e-6, atol=0)
+        else:
+            np.testing.assert_array_equal(got, sequence)
+        if scheme in LOG:
+            np.testing.assert_allclose(got, expected, rtol=2e-7, atol=0)
+        else:
+            np.testing.assert_array_equal(got, expected)
+    assert np.count_nonzero(got[3]) == 0 and np.count_nonzero(got[1, 2:]) == 0  # padding rows are zeros
+
+
+def _op_inputs(q, bits: int) -> list:
+    """The op's tensors for the numpy table ``q`` (what quant_embedding stores)."""
+    scale = q.scales.reshape(-1, 1) if q.per_row else q.scales[:1]
+    offset = None if q.offsets is None else paddle.to_tensor(q.offsets.reshape(-1, 1))
+    if bits > 4:
+        return [paddle.to_tensor(q.codes), paddle.to_tensor(scale), offset, None, 1]
+    fields = np.arange(4 if bits <= 2 else 16)
+    values = fields if q.offsets is not None else np.where(fields >= len(fields) // 2, fields - len(fields), fields)
+    lut = byte_values(bits, values.astype(np.float32))
+    return [paddle.to_tensor(pack_codes(q.codes, bits)), paddle.to_tensor(scale), offset, paddle.to_tensor(lut),
+            lut.shape[1]]
+
+
+@pytest.mark.parametrize("pooling", ["sum", "mean", "sqrt_mean"])
+@pytest.mark.parametrize("bits,per_row,asymmetric", [(8, False, False), (8, True, False), (4, True, False),
+                                                      (4, True, True), (2, True, True)])
+def test_pooled_bags_equal_numpy_sums_in_id_order(built, table, ids, pooling, bits, per_row, asymmetric):
+    """Padding ids are left out of the bag (and of the mean's count); an empty bag pools to zeros."""
+    paddle.disable_static()
+    q = choose_table_quantization(table, "abs_max", bits, per_row, None, asymmetric).table
+    codes, scale, offset, values, packed = _op_inputs(q, bits)
+    (got,) = paddle._C_ops._run_custom_op(ext.OP_TYPE, paddle.to_tensor(ids), codes, scale, offset, values, DIM,
+                                          packed, pooling, 0)
+    rows = q.rows(ids)
+    expected = np.zeros((len(ids), DIM), np.float32)
+    for j in range(BAG):  # id by id, in float32
+        keep = ids[:, j] != 0
+        expected[keep] += rows[keep, j]
+    count = (ids != 0).sum(axis=1).astype(np.float32)[:, None]
+    if pooling != "sum":
+        divisor = count if pooling == "mean" else np.sqrt(count)
+        expected = np.where(count > 0, expected / np.maximum(divisor, 1), expected)
+    np.testing.assert_array_equal(got.numpy(), expected)
+    assert not got.numpy()[3].any()
+
+
+def test_bad_ids_and_pooling_are_refused_in_one_line(built, table):
+    paddle.disable_static()
+    q = quantize_table(table, bits=8, per_row=True)
+    codes, scale, *_ = _op_inputs(q, 8)
+    with pytest.raises(Exception, match=f"id {ROWS} is outside the table's {ROWS} rows"):
+        paddle._C_ops._run_custom_op(ext.OP_TYPE, paddle.to_tensor([[1, ROWS]]), codes, scale, None, None, DIM, 1,
+                                     "sum", -1)
+    with pytest.raises(Exception, match="pooling must be none, sum, mean or sqrt_mean, got max"):
+        paddle._C_ops._run_custom_op(ext.OP_TYPE, paddle.to_tensor([[1]]), codes, scale, None, None, DIM, 1, "max",
+                                     -1)
+
+
+# ---- without the extension: the op sequence, and a clear error where it is required -----------------------
+def test_auto_falls_back_to_the_op_sequence_when_not_built(not_built, rows_model, ids, tmp_path):
+    directory, kwargs = rows_model
+    files, (report,) = quant_embedding_model(directory, tmp_path / "q", {"per_row": True, "fused_lookup": "auto"},
+                                             **kwargs)
+    assert report.lookup == OP_SEQUENCE and b"qembed_lookup" not in files.model_file.read_bytes()
+    np.testing.assert_array_equal(predict(files, {"ids": ids})[0],
+                                  np.where((ids == 0)[..., None], 0, report.choice.table.rows(ids)))
+
+
+def test_fused_lookup_true_without_the_build_says_how_to_build(not_built, rows_model, tmp_path):
+    directory, kwargs = rows_model
+    with pytest.raises(ConfigError, match=r"not built for this machine; run `python -m qembed.build_ext`"):
+        quant_embedding_model(directory, tmp_path / "q", {"fused_lookup": True}, **kwargs)
+    assert not (tmp_path / "q").exists()
+
+
+def test_a_fused_model_without_the_build_says_how_to_build(built, rows_model, tmp_path, monkeypatch):
+    directory, kwargs = rows_model
+    files, _ = quant_embedding_model(directory, tmp_path / "q", {"fused_lookup": True}, **kwargs)
+    monkeypatch.setenv(ext.DIR_ENV, str(tmp_path / "elsewhere"))  # e.g. a server the op was not built on
+    with pytest.raises(ConfigError, match="python -m qembed.build_ext"):
+        predict(files, {"ids": np.ones((1, BAG), np.int64)})
+
+
+def test_no_compiler_is_one_clear_error(not_built, monkeypatch):
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    monkeypatch.setattr(ext.shutil, "which", lambda name: None)
+    with pytest.raises(Exception, match="no C\\+\\+ compiler found .* qembed keeps working without"):
+        ext.build()
