@@ -25,17 +25,13 @@ if TYPE_CHECKING:
 
     from ..model_io import ModelFiles
 
-#: The seed op types both runtimes run in int8 when their inputs carry QDQ (ONNX Runtime's QDQ
-#: fusions: QLinearConv, QLinearMatMul / MatMulIntegerToFloat, QLinearAdd, int8 pools; OpenVINO's
-#: low-precision transformations take the same ops).
 #: The name of the ONNX file saved beside a Paddle model quantized for an ONNX runtime.
 ONNX_FILE = "inference.onnx"
-ONNX_INT8_OPS = frozenset({"conv2d", "depthwise_conv2d", "mul", "matmul", "matmul_v2", "elementwise_add", "pool2d"})
-
-
-#: Why a transposed conv stays float in a model run through the ONNX export.
-TRANSPOSED_CONV_PROBLEM = ("paddle2onnx 2.1 replaces a transposed conv's input and weight by auto-cast copies "
-                           "(measured), so the export cannot place their QDQ")
+#: The seed op types both runtimes run in int8 when their inputs carry QDQ (ONNX Runtime's QDQ
+#: fusions: QLinearConv, QLinearConvTranspose, QLinearMatMul / MatMulIntegerToFloat, QLinearAdd, int8 pools;
+#: OpenVINO's low-precision transformations take the same ops).
+ONNX_INT8_OPS = frozenset({"conv2d", "depthwise_conv2d", "conv2d_transpose", "mul", "matmul", "matmul_v2",
+                           "elementwise_add", "pool2d"})
 
 
 class OnnxPredictor:
@@ -58,7 +54,6 @@ class OnnxTarget(DeployTarget):
     """A runtime reading the exported ONNX file. Subclasses say how to load it."""
 
     int8_ops = ONNX_INT8_OPS
-    float_ops = {"conv2d_transpose": TRANSPOSED_CONV_PROBLEM}
     int8_families = ("legacy", "pir")  # both reach the runtime through the export
     residual_adds = "both"
     cpu_int8 = True
@@ -119,7 +114,8 @@ class OnnxTarget(DeployTarget):
 
         if model.family in self.reads_paddle:
             return {}
-        return {ONNX_FILE: onnx_bytes(model, activation_type=self.activation_type, dynamic=self.dynamic_matmuls)}
+        return {ONNX_FILE: onnx_bytes(model, activation_type=self.activation_type, dynamic=self.dynamic_matmuls,
+                                      runtime=self.name)}
 
     def configure(self, config: inference.Config, threads: int) -> None:
         raise ConfigError(f"{self.name} runs ONNX files, not paddle.inference; use qcore.inference.create_predictor")
@@ -138,7 +134,7 @@ class OnnxTarget(DeployTarget):
 
         onnx_file = scratch_dir("qcore-onnx-") / "model.onnx"
         return self.load(export_onnx(files, onnx_file, activation_type=self.activation_type,
-                                     dynamic=self.dynamic_matmuls), threads)
+                                     dynamic=self.dynamic_matmuls, runtime=self.name), threads)
 
     @abstractmethod
     def load(self, onnx_file: Path, threads: int) -> OnnxPredictor:

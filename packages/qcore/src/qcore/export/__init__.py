@@ -26,6 +26,8 @@ from ..model_io import Model, ModelFiles, load_model, save_model
 from ..outputs import check_output_dir, write_bytes
 from .check import FLOAT_TOLERANCE, QDQ_TOLERANCE, check_export, check_inputs
 from .fusable import biases_into_convs
+from .gather_nbits import TABLE_RUNTIMES
+from .lookups import unpad_code_lookups, write_lookups
 from .paddle2onnx_float import OPSET, float_onnx, require_onnx
 from .qdq import ACTIVATION_TYPES, write_qdq
 from .repair import repair
@@ -61,7 +63,8 @@ def fold_batch_norms(graph: Graph, taken: Unquantized) -> Unquantized:
 
 
 def onnx_bytes(model: Model | ModelFiles | str | os.PathLike[str], *, activation_type: str = "uint8",
-               dynamic: bool = False, opset: int = OPSET, feed: Mapping[str, np.ndarray] | None = None) -> bytes:
+               dynamic: bool = False, opset: int = OPSET, feed: Mapping[str, np.ndarray] | None = None,
+               runtime: str = "onnxruntime") -> bytes:
     """``model`` (loaded, its files, or a model directory / file; float or quantized, PIR or legacy) as a
     serialized ONNX model that passes ``onnx.checker`` and computes what the model computes on ``feed``
     (default: :func:`.check.check_inputs`), else :class:`ExportError` (:mod:`.check`). The model is never
@@ -69,15 +72,20 @@ def onnx_bytes(model: Model | ModelFiles | str | os.PathLike[str], *, activation
 
     Activations are written as ``activation_type`` (``"uint8"``: what ONNX Runtime's int8 kernels run;
     ``"int8"``: TensorRT's symmetric form). ``dynamic``: a ``MatMul`` with an int8 weight and a float input
-    quantizes the input at run time (ONNX Runtime's ``DynamicQuantizeLinear`` + ``MatMulInteger``).
+    quantizes the input at run time (ONNX Runtime's ``DynamicQuantizeLinear`` + ``MatMulInteger``). qembed's
+    quantized lookups are written in ``runtime``'s quantized-table form (:mod:`.lookups`: ``"onnxruntime"`` or
+    ``"openvino-runtime"``; both runtimes run both forms).
     """
     require_onnx()
     if activation_type not in ACTIVATION_TYPES:
         raise ExportError(f"activation_type={activation_type!r}: choose one of {', '.join(ACTIVATION_TYPES)}")
+    if runtime not in TABLE_RUNTIMES:
+        raise ExportError(f"runtime={runtime!r}: choose one of {', '.join(TABLE_RUNTIMES)}")
     if not isinstance(model, Model):
         model = load_model(model)
     graph = open_graph(model).clone()
     taken = fold_batch_norms(graph, graph.unquantize())
+    padded = unpad_code_lookups(graph)
     with tempfile.TemporaryDirectory(prefix="qcore-onnx-") as tmp:
         files = save_model(graph.model, Path(tmp) / "float")
         proto = float_onnx(files, opset)
@@ -86,11 +94,15 @@ def onnx_bytes(model: Model | ModelFiles | str | os.PathLike[str], *, activation
     source = model.source.model_file if model.source else "the model"
     feed = check_inputs(graph) if feed is None else feed
     check_export(proto.SerializeToString(), graph.model, feed, FLOAT_TOLERANCE, f"paddle2onnx's graph of {source}")
-    if not taken.markers and not taken.weights:
+    tables = write_lookups(proto, runtime, padded)
+    qdq = bool(taken.markers or taken.weights)
+    if not qdq and not tables:
         return _checked(proto, source)
-    write_qdq(proto, taken, activation_type, dynamic)
+    if qdq:
+        write_qdq(proto, taken, activation_type, dynamic)
     data = _checked(proto, source)
-    check_export(data, model, feed, QDQ_TOLERANCE, f"the QDQ export of {source}")
+    what = "QDQ" if qdq else "quantized-table"
+    check_export(data, model, feed, QDQ_TOLERANCE if qdq else FLOAT_TOLERANCE, f"the {what} export of {source}")
     return data
 
 
@@ -113,6 +125,7 @@ def export_onnx(
     dynamic: bool = False,
     opset: int = OPSET,
     feed: Mapping[str, np.ndarray] | None = None,
+    runtime: str = "onnxruntime",
 ) -> Path:
     """Write :func:`onnx_bytes` of ``model`` to ``path`` (an ``.onnx`` file) atomically, once checked on ``feed``;
     returns ``path``."""
@@ -120,7 +133,7 @@ def export_onnx(
     if path.suffix != ".onnx":
         raise ConfigError(f"{path}: name the ONNX file with the .onnx suffix")
     check_output_dir(path.parent)
-    data = onnx_bytes(model, activation_type=activation_type, dynamic=dynamic, opset=opset, feed=feed)
+    data = onnx_bytes(model, activation_type=activation_type, dynamic=dynamic, opset=opset, feed=feed, runtime=runtime)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes(path, data)
     return path
