@@ -207,3 +207,67 @@ def test_no_compiler_is_one_clear_error(not_built, monkeypatch):
     monkeypatch.setattr(ext.shutil, "which", lambda name: None)
     with pytest.raises(Exception, match="no C\\+\\+ compiler found .* qembed keeps working without"):
         ext.build()
+
+
+
+def save_bags(directory, family: str, tables: list[np.ndarray], padding: bool) -> None:
+    """ids [batch, BAG] -> (sum, mean) over the bag of the rows of two tables (id 0 is padding if ``padding``)."""
+    from qcore.paddle_env import static_mode
+
+    scope = paddle.static.Scope()
+    with static_mode(family, scope):
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup):
+            feed = paddle.static.data("ids", [-1, BAG], "int64")
+            rows = [paddle.nn.functional.embedding(feed, paddle.static.create_parameter([ROWS, DIM], "float32",
+                                                   name=f"t{k}"), padding_idx=0 if padding else None)
+                    for k in range(2)]
+            if family == "pir":
+                total = paddle.sum(rows[0], axis=1)
+            else:  # paddle.sum builds no legacy op in Paddle 3.3.1: the op older programs hold
+                total = main.global_block().create_var(name="bag_sum", dtype="float32", shape=[-1, DIM])
+                main.global_block().append_op(type="reduce_sum", inputs={"X": [rows[0]]}, outputs={"Out": [total]},
+                                              attrs={"dim": [1], "keep_dim": False, "reduce_all": False})
+            mean = paddle.mean(rows[1], axis=-2)
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        exe.run(startup)
+        for k, values in enumerate(tables):
+            scope.var(f"t{k}").get_tensor().set(values, paddle.CPUPlace())
+        paddle.static.save_inference_model(str(directory / "inference"), [feed], [total, mean], exe, program=main)
+
+
+def _op_types(files) -> list[str]:
+    program = load_model(files).program
+    return [op.type if isinstance(op, paddle.static.Operator) else op.name() for op in program.global_block().ops]
+
+
+def _bag_sum(q, ids: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Rows of ``ids`` summed id by id in float32, those not kept left out."""
+    rows, total = q.rows(ids), np.zeros((len(ids), DIM), np.float32)
+    for j in range(ids.shape[1]):
+        total[keep[:, j]] += rows[keep[:, j], j]
+    return total
+
+
+@pytest.mark.parametrize("family", ["pir", "legacy"])
+@pytest.mark.parametrize("padding", [True, False])
+def test_a_bag_sum_or_mean_after_the_lookup_is_folded_into_it(built, table, ids, tmp_path, family, padding):
+    """The program's mean divides by the bag's length, padding included, the op's by its ids: a mean is
+    folded only where there is no padding_idx; a sum always."""
+    save_bags(tmp_path / "float", family, [table, table[::-1].copy()], padding)
+    feed = ids if padding else np.where(ids == 0, 5, ids)
+    files, reports = quant_embedding_model(tmp_path / "float", tmp_path / "q", {"per_row": True,
+                                                                               "fused_lookup": True})
+    types = _op_types(files)
+    reduces = [t for t in types if t in ("pd_op.sum", "pd_op.mean", "reduce_sum", "reduce_mean")]
+    assert sum("qembed_lookup" in t for t in types) == 2
+    assert reduces == (["pd_op.mean" if family == "pir" else "reduce_mean"] if padding else [])
+    q_sum, q_mean = sorted((r.choice.table for r in reports), key=lambda q: abs(q.rows([1]) - table[1]).max())
+    keep = feed != 0 if padding else np.ones(feed.shape, bool)
+    expected_mean = np.where(keep[..., None], q_mean.rows(feed), np.float32(0)).mean(axis=1)
+    for got in (load_model(files).run({"ids": feed}), predict(files, {"ids": feed})):
+        np.testing.assert_array_equal(got[0], _bag_sum(q_sum, feed, keep))  # folded: summed id by id in the op
+        if padding:  # Paddle's mean over the bag, padding rows (zeros) counted
+            np.testing.assert_allclose(got[1], expected_mean, rtol=1e-5, atol=1e-7)
+        else:
+            np.testing.assert_array_equal(got[1], _bag_sum(q_mean, feed, keep) / np.float32(BAG))

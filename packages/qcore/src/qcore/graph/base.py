@@ -559,6 +559,15 @@ class Graph(ABC):
         """The attributes of a fused lookup op reading ``tables``."""
         return {"dim": tables.dim, "packed": tables.per_byte, "pooling": pooling, "padding_idx": padding_idx}
 
+    @staticmethod
+    def _bag_pooling(reduce: str, axes: Sequence[int], keepdim: bool, rank: int, padding_idx: int) -> str | None:
+        """The fused op's pooling for a ``reduce`` ("sum" / "mean") over ``axes`` of a lookup's ``rank``-D rows,
+        None when it is not a bag reduction the op does the same way: one axis, the ids' last, dropped. The
+        program's mean counts padding rows, the op's does not, so a mean folds only without padding_idx."""
+        if keepdim or len(axes) != 1 or axes[0] % rank != rank - 2:
+            return None
+        return reduce if reduce == "sum" or padding_idx < 0 else None
+
     def replace_weight(self, operand: Operand, value: np.ndarray, suffix: str = "replaced") -> str:
         """Make ``operand``'s op read a new float parameter holding ``value``; returns its name."""
         if not operand.is_param:

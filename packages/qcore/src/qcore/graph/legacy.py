@@ -333,11 +333,29 @@ class LegacyGraph(Graph):
         for slot, name in (("Offset", tables.offset), ("Values", values)):
             if name is not None:
                 inputs[f"{slot}@OPTIONAL"] = [name]  # how a custom op's optional input is named in a ProgramDesc
-        pooling = "sum" if op.type == "lookup_table" else "none"  # v1's ids end in a 1, which its output drops
+        out = op.raw.output(out_slot)
+        reader, pooling = None, "sum"  # lookup_table (v1): its ids end in a 1, which its output drops
+        if op.type != "lookup_table":
+            reader, pooling = self._bag_reduce(out[0], padding)
+        if reader is not None:  # the op pools: it writes the reduction's output, which goes with the rows
+            out = reader.output("Out")
+            self.block._remove_op(self._index(reader))
         at = self._index(op.raw)
-        self.block._insert_op(at + 1, type=op_type, inputs=inputs, outputs={"Out": op.raw.output(out_slot)},
+        self.block._insert_op(at + 1, type=op_type, inputs=inputs, outputs={"Out": out},
                               attrs=self._fused_attrs(tables, pooling, padding))
         self.block._remove_op(at)
+
+    def _bag_reduce(self, rows: str, padding_idx: int) -> tuple[Any, str]:
+        """The reduce_sum / reduce_mean that is the only reader of the lookup's ``rows`` and that the fused op
+        can do, and its pooling; (None, "none") when there is none."""
+        reader = self._single_consumer(rows)
+        kinds = {"reduce_sum": "sum", "reduce_mean": "mean"}
+        if (reader is None or reader.type not in kinds or reader.attr("reduce_all")
+                or rows in {v.name for v in self.model.fetch_targets}):
+            return None, "none"
+        pooling = self._bag_pooling(kinds[reader.type], reader.attr("dim"), reader.attr("keep_dim"),
+                                    len(self.block.var(rows).shape), padding_idx)
+        return (reader, pooling) if pooling else (None, "none")
 
     def _new_var_name(self, base: str) -> str:
         name, k = base, 1

@@ -327,11 +327,34 @@ class PirGraph(Graph):
     def _build_lookup_fused(self, op: OpRef, tables: LookupTables, op_type: str) -> None:
         padding_idx = int(op.raw.attrs().get("padding_idx", -1))
         values = tables.byte_values if tables.byte_values is not None else tables.code_values
-        attrs = self._fused_attrs(tables, "none", padding_idx)
+        reader, pooling = self._bag_reduce(op.raw, padding_idx)
+        attrs = self._fused_attrs(tables, pooling, padding_idx)
         with self._inserting_before(op.raw):
             (value,) = paddle._C_ops._run_custom_op(op_type, op.raw.operand_source(0), tables.codes, tables.scale,
                                                     tables.offset, values, *attrs.values())
-        self._replace_result(op.raw, value)
+        if reader is not None:  # the op pools: the reduction, its axis and the rows it read go
+            axis = _defining_op(reader.operand_source(1))
+            self._replace_result(reader, value)
+            self.block.remove_op(op.raw)
+            if axis.result(0).use_empty():
+                self.block.remove_op(axis)
+        else:
+            self._replace_result(op.raw, value)
+
+    def _bag_reduce(self, lookup: Any, padding_idx: int) -> tuple[Any, str]:
+        """The sum / mean that is the only reader of ``lookup``'s rows and that the fused op can do, and its
+        pooling; (None, "none") when there is none."""
+        rows = lookup.result(0)
+        reader = self._single_user(rows)
+        kinds = {"pd_op.sum": "sum", "pd_op.mean": "mean"}
+        if reader is None or reader.name() not in kinds or any(rows.is_same(t) for t in self.model.fetch_targets):
+            return None, "none"
+        axis = _defining_op(reader.operand_source(1))
+        if axis is None or axis.name() != "pd_op.full_int_array":
+            return None, "none"
+        pooling = self._bag_pooling(kinds[reader.name()], axis.attrs()["value"], reader.attrs()["keepdim"],
+                                    len(rows.shape), padding_idx)
+        return (reader, pooling) if pooling else (None, "none")
 
     def _single_user(self, value: Any) -> Any | None:
         users = value.all_used_ops()
