@@ -28,10 +28,9 @@ if TYPE_CHECKING:
 #: The name of the ONNX file saved beside a Paddle model quantized for an ONNX runtime.
 ONNX_FILE = "inference.onnx"
 #: The seed op types both runtimes run in int8 when their inputs carry QDQ (ONNX Runtime's QDQ
-#: fusions: QLinearConv, QLinearConvTranspose, QLinearMatMul / MatMulIntegerToFloat, QLinearAdd, int8 pools;
-#: OpenVINO's low-precision transformations take the same ops).
-ONNX_INT8_OPS = frozenset({"conv2d", "depthwise_conv2d", "conv2d_transpose", "mul", "matmul", "matmul_v2",
-                           "elementwise_add", "pool2d"})
+#: fusions: QLinearConv, QLinearMatMul / MatMulIntegerToFloat, QLinearAdd, int8 pools; OpenVINO's
+#: low-precision transformations take the same ops).
+ONNX_INT8_OPS = frozenset({"conv2d", "depthwise_conv2d", "mul", "matmul", "matmul_v2", "elementwise_add", "pool2d"})
 
 
 class OnnxPredictor:

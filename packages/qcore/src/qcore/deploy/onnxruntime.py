@@ -24,6 +24,11 @@ Facts (ONNX Runtime 1.32, measured here where the text says so):
   its input at run time: ``DynamicQuantizeLinear -> MatMulInteger``, which it fuses into one
   int8 kernel (what its own ``quantize_dynamic`` writes).
 * Its graph optimizer folds the rest at session creation (``ORT_ENABLE_ALL``).
+* Its CPU execution provider has no int8 transposed conv: ``DequantizeLinear -> ConvTranspose -> QuantizeLinear``
+  stays a float ``ConvTranspose`` between dequantize ops (measured, per-tensor and per-channel weights alike;
+  its ``QLinearConvTranspose`` belongs to other execution providers), so transposed convs stay float here
+  (:data:`TRANSPOSED_CONV_FLOAT`). The export writes them int8 for the targets that run them so
+  (``openvino-runtime``).
 """
 
 from __future__ import annotations
@@ -39,6 +44,10 @@ from .onnx_runtimes import OnnxPredictor, OnnxTarget
 if TYPE_CHECKING:
     from ..graph import Graph, Operand, OpRef
 
+
+#: Why a transposed conv stays float on ONNX Runtime (module doc).
+TRANSPOSED_CONV_FLOAT = ("ONNX Runtime's CPU execution provider has no int8 transposed conv (its QDQ stays a float "
+                         "ConvTranspose between dequantize ops, measured on 1.32): int8 would only add rounding")
 
 #: Activations ONNX Runtime fuses into the int8 op before them (relu; relu6 as Clip) when their output is quantized with
 #: the zero point at the lowest code): their input needs no quantize of its own (op type without "pd_op.").
@@ -79,6 +88,7 @@ class OnnxRuntimeTarget(OnnxTarget):
     module = "onnxruntime"
     default_grids = "asymmetric"
     dynamic_matmuls = True
+    float_ops = {"conv2d_transpose": TRANSPOSED_CONV_FLOAT}
 
     def plan(self, graph: Graph, targets: list[OpTarget], skip_patterns: Iterable[str] = (), *,
              residual_add: bool = True, calibrated: bool = True) -> tuple[list[OpTarget], set[str]]:

@@ -43,11 +43,11 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError
 from . import host
 from .base import ModelRules, OpTarget
-from .onnx_runtimes import ONNX_INT8_OPS, TRANSPOSED_CONV_PROBLEM, OnnxPredictor, OnnxTarget
+from .onnx_runtimes import ONNX_INT8_OPS, OnnxPredictor, OnnxTarget
 from .openvino import OPENVINO_ATTENTION, OpenVinoRules
 
 if TYPE_CHECKING:
-    from ..graph import Graph, OpRef
+    from ..graph import Graph
 
 #: Set to f32 or bf16 to choose OpenVINO's inference precision (unset: the runtime's default for this CPU).
 PRECISION_ENV = "QCORE_OPENVINO_PRECISION"
@@ -86,17 +86,12 @@ class OpenVinoRuntimeTarget(OnnxTarget):
     module = "openvino"
     reads_paddle = ("legacy",)
     default_grids = "unsigned"
-    # legacy programs, read by its Paddle frontend, run transposed convs int8 (weights read through cast ->
-    # multiply, as for the bundled engine); PIR ones go through the export, which cannot place their QDQ
+    # transposed convs run int8 (a u8 Deconvolution, measured) from both families: legacy programs, read by its
+    # Paddle frontend, read the int8 weight through cast -> multiply (as for the bundled engine); PIR programs
+    # through the export (DequantizeLinear per output channel, the weight's axis 1)
     int8_ops = ONNX_INT8_OPS | {"conv2d_transpose"}
-    float_ops = {}
     activation_matmuls = OPENVINO_ATTENTION
     float_dequant_weights = frozenset({"conv2d_transpose"})
-
-    def op_problem(self, op: OpRef, family: str) -> str | None:
-        if family not in self.reads_paddle and (op.seed_type or op.type) == "conv2d_transpose":
-            return f"{self.name}: {TRANSPOSED_CONV_PROBLEM}"
-        return super().op_problem(op, family)
 
     def rules(self, graph: Graph, targets: list[OpTarget], float_inputs: Iterable[str] = ()) -> ModelRules:
         return OpenVinoRules(self, graph)

@@ -1,10 +1,10 @@
 """Putting paddle2onnx's float graph into the forms the runtimes' QDQ fusions match.
 
-paddle2onnx writes a conv's bias as a separate ``Add`` of a reshaped constant (Paddle's
-``conv2d`` has no bias input). ONNX Runtime fuses ``DequantizeLinear -> Conv -> QuantizeLinear``
+paddle2onnx writes a conv's bias as a separate ``Add`` of a reshaped constant (Paddle's ``conv2d``
+and ``conv2d_transpose`` have no bias input). ONNX Runtime fuses ``DequantizeLinear -> Conv -> QuantizeLinear``
 into one int8 ``QLinearConv`` only when nothing sits between the conv and its output's
 ``QuantizeLinear``, and it cannot fold the ``Add`` into a conv whose weight is read through
-``DequantizeLinear``; so the bias goes into the ``Conv`` here, on the float graph.
+``DequantizeLinear``; so the bias goes into the ``Conv`` (or ``ConvTranspose``) here, on the float graph.
 """
 
 from __future__ import annotations
@@ -43,8 +43,20 @@ def _constant(name: str, initializers: dict[str, np.ndarray],
     return out
 
 
+def _output_channels(conv: onnx.NodeProto, weight: np.ndarray | None) -> int | None:
+    """The output channels of a ``Conv`` (weight ``[C_out, C_in / g, ...]``) or ``ConvTranspose`` (weight
+    ``[C_in, C_out / g, ...]``) whose weight is ``weight``."""
+    if weight is None:
+        return None
+    if conv.op_type == "Conv":
+        return weight.shape[0]
+    group = next((a.i for a in conv.attribute if a.name == "group"), 1)
+    return weight.shape[1] * group
+
+
 def biases_into_convs(model: onnx.ModelProto) -> int:
-    """Move every constant per-channel ``Add`` that alone reads a ``Conv``'s output into that conv's bias;
+    """Move every constant per-channel ``Add`` that alone reads a ``Conv``'s or ``ConvTranspose``'s output into
+    that conv's bias;
     returns how many. Same values (up to float rounding of the sum with an existing bias)."""
     from onnx import numpy_helper
 
@@ -57,7 +69,7 @@ def biases_into_convs(model: onnx.ModelProto) -> int:
             readers.setdefault(name, []).append(node)
     outputs = {o.name for o in graph.output}
     removed = []
-    for conv in [n for n in graph.node if n.op_type == "Conv"]:
+    for conv in [n for n in graph.node if n.op_type in ("Conv", "ConvTranspose")]:
         out = conv.output[0]
         users = readers.get(out, [])
         if len(users) != 1 or users[0].op_type != "Add" or out in outputs:
@@ -65,8 +77,7 @@ def biases_into_convs(model: onnx.ModelProto) -> int:
         add = users[0]
         other = add.input[1] if add.input[0] == out else add.input[0]
         bias = _constant(other, initializers, producers)
-        weight = initializers.get(conv.input[1])
-        channels = weight.shape[0] if weight is not None else None
+        channels = _output_channels(conv, initializers.get(conv.input[1]))
         if bias is None or channels is None or bias.size != channels or (bias.ndim > 1 and bias.shape[1] != channels):
             continue
         bias = bias.reshape(-1).astype(np.float32)

@@ -12,11 +12,19 @@ names as initializer names and names activations ``p2o.pd_op.<op>.<n>.0``. It ru
   runtimes optimize the graph themselves when they load it;
 * inside a temporary directory, as its working directory and its ``TMPDIR``: whatever it writes
   (its intermediate PIR program, files a crash leaves) stays there and is removed with it, whether
-  the conversion succeeds, fails or the child is killed.
+  the conversion succeeds, fails or the child is killed;
+* on a PIR program in that directory (:func:`pir_program`): a legacy program is translated to PIR
+  here, as paddle2onnx would translate it itself, so that the program it reads can be fixed first:
+  Paddle 3 declares an interpolation's ``scale`` attribute as doubles (``double[]``, stored as
+  ``0.a_f64`` in the program's JSON) while paddle2onnx 2.1 reads it as floats and aborts on the first
+  double ("the 0th elementwise MUST be ir::FloatAttribute"; PP-OCRv4 det, any
+  ``F.interpolate(scale_factor=...)``); :func:`float_interp_scales` writes those scales as float32
+  (ONNX ``Resize`` takes float32 scales anyway; the export is checked against Paddle after).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -35,6 +43,11 @@ if TYPE_CHECKING:
 
 #: The opset exported graphs use: per-channel ``DequantizeLinear`` (``axis``) needs 13.
 OPSET = 13
+#: PIR ops with a ``scale`` attribute (``double[]``) paddle2onnx 2.1 reads as ``float[]`` (its interpolate mapper),
+#: as a program's JSON names them (``1.``: the ``pd_op`` dialect).
+INTERP_OPS = ("1.nearest_interp", "1.bilinear_interp", "1.bicubic_interp")
+#: A program's JSON type tags of an array attribute, a double and a float element.
+_ARRAY, _DOUBLE, _FLOAT = "0.a_array", "0.a_f64", "0.a_f32"
 #: Set to 1 to see what paddle2onnx prints while it converts (``qcli --verbose`` does).
 PADDLE2ONNX_LOGS_ENV = "QCORE_PADDLE2ONNX_LOGS"
 
@@ -78,17 +91,51 @@ def _error_line(log: str) -> str:
     return found.split("[ERROR]")[-1].strip()[:300]
 
 
+def float_interp_scales(program: object) -> int:
+    """Write the ``scale`` attribute of each :data:`INTERP_OPS` op in ``program`` (a PIR program's JSON, nested
+    blocks included) as float32s, in place; returns how many ops changed."""
+    if isinstance(program, list):
+        return sum(float_interp_scales(item) for item in program)
+    if not isinstance(program, dict):
+        return 0
+    changed = 0
+    if program.get("#") in INTERP_OPS:
+        for attr in program.get("A", []):
+            elements = attr["AT"]["D"] if attr.get("N") == "scale" and attr["AT"].get("#") == _ARRAY else []
+            doubles = [e for e in elements if e.get("#") == _DOUBLE]
+            for element in doubles:
+                element["#"] = _FLOAT
+            changed += bool(doubles)
+    return changed + sum(float_interp_scales(value) for value in program.values())
+
+
+def pir_program(files: ModelFiles, directory: Path) -> tuple[Path, Path]:
+    """The program of ``files`` as a PIR JSON file in ``directory`` that paddle2onnx 2.1 converts, and its params
+    file: a legacy program translated to PIR (:func:`qcore.model_io.load_model`), interpolation scales as float32
+    (:func:`float_interp_scales`). ``files`` are only read."""
+    from ..model_io import load_model, save_model
+
+    if files.family == "legacy":
+        files = save_model(load_model(files, family="pir"), directory / "pir")
+    program = json.loads(files.model_file.read_text())
+    float_interp_scales(program)
+    model_file = directory / "program.json"
+    model_file.write_text(json.dumps(program))
+    assert files.params_file is not None
+    return model_file, files.params_file
+
+
 def float_onnx(files: ModelFiles, opset: int = OPSET) -> onnx.ModelProto:
     """paddle2onnx's ONNX graph of the float program in ``files`` (a combined-params model)."""
     require_onnx()
     import onnx
 
-    assert files.params_file is not None
     with tempfile.TemporaryDirectory(prefix="qcore-p2o-") as tmp:
         out = Path(tmp) / "model.onnx"
+        model_file, params_file = pir_program(files, Path(tmp))
         done = subprocess.run(
-            [sys.executable, "-c", _CONVERT, str(files.model_file.resolve()), str(files.params_file.resolve()),
-             str(out), str(opset)],
+            [sys.executable, "-c", _CONVERT, str(model_file.resolve()), str(params_file.resolve()), str(out),
+             str(opset)],
             capture_output=True, text=True, cwd=tmp, env={**os.environ, "GLOG_minloglevel": "2", "TMPDIR": tmp},
             check=False,
         )

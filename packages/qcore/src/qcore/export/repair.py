@@ -87,6 +87,43 @@ def numbered_dim_names(model: onnx.ModelProto) -> int:
     return sum(old != new for old, new in names.items())
 
 
+def identities_around_transposed_convs(model: onnx.ModelProto) -> int:
+    """Drop the ``Identity`` nodes paddle2onnx puts around each ``ConvTranspose``; returns how many.
+
+    paddle2onnx 2.1 reads a transposed conv's input and weight through its auto-cast (an ``Identity`` when the
+    type already fits, named ``auto.cast.<k>``) and writes its output through another ``Identity`` (to the
+    name ``p2o.pd_op.conv2d_transpose.<k>.0``). The QDQ writer finds a weight and a quantized input by their
+    readers, the bias fold (:mod:`.fusable`) the ``Add`` by the conv's output, and the runtimes fuse
+    ``DequantizeLinear -> ConvTranspose -> QuantizeLinear`` only when nothing sits between them. An
+    ``Identity`` another node also reads stays for that node.
+    """
+    graph = model.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+    bypassed, dropped = [], 0
+    for conv in [n for n in graph.node if n.op_type == "ConvTranspose"]:
+        for slot, name in enumerate(conv.input):
+            node = producers.get(name)
+            if node is not None and node.op_type == "Identity":
+                conv.input[slot] = node.input[0]
+                bypassed.append(node)
+        after = readers.get(conv.output[0], [])
+        if len(after) == 1 and after[0].op_type == "Identity" and conv.output[0] not in outputs:
+            conv.output[0] = after[0].output[0]
+            graph.node.remove(after[0])
+            dropped += 1
+    read = {name for node in graph.node for name in node.input} | outputs
+    for node in bypassed:
+        if node.output[0] not in read and node in graph.node:
+            graph.node.remove(node)
+            dropped += 1
+    return dropped
+
+
 def repair(model: onnx.ModelProto) -> list[str]:
     """Fix ``model`` in place; returns one line per kind of repair made."""
     done = []
@@ -99,4 +136,7 @@ def repair(model: onnx.ModelProto) -> list[str]:
     scalars = scalars_in_shape_concats(model)
     if scalars:
         done.append(f"{scalars} rank-0 Concat input(s) made 1-D")
+    identities = identities_around_transposed_convs(model)
+    if identities:
+        done.append(f"{identities} Identity node(s) around ConvTranspose dropped")
     return done
