@@ -36,7 +36,7 @@ def test_embed_model(model, tmp_path, capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     row = re.search(r"^\| embedding_0\.w_0 \| lookup_table \| 4000x32 \| abs_max int4 packed( \+ offsets)? \| "
-                    r"(one|per-row) \| ([\d.]+) \| ([\d.]+) \| 0\.49 \| 0\.0[6-9] \|$", out, re.M)
+                    r"(one|per-row) \| op sequence \| ([\d.]+) \| ([\d.]+) \| 0\.49 \| 0\.0[6-9] \|$", out, re.M)
     assert row, out
     before, after = map(float, re.search(r"model on disk: ([\d.]+) MiB -> ([\d.]+) MiB", out).groups())
     assert after < 0.2 * before  # two codes a byte
@@ -61,6 +61,31 @@ def test_embed_model_config_file_and_bad_input(model, tmp_path, capsys):
                  "--per-row", "on", *extra]) == 0
     assert re.search(r"\| abs_max int4 packed.* \(auto: int2 0\.\d+, int4 0\.\d+\) \| per-row \|",
                      capsys.readouterr().out)
+
+
+def test_embed_fused_lookup(model, tmp_path, capsys, monkeypatch):
+    """--fused-lookup on: the compiled op where it is built, else one error line saying how to build it."""
+    from qembed import ext
+
+    directory, kwargs = model
+    argv = ["embed", str(directory), str(tmp_path / "q"), "--per-row", "on", "--fused-lookup", "on"]
+    argv += ["--model-filename", kwargs["model_filename"]] if kwargs["model_filename"] else []
+    with monkeypatch.context() as mp:  # a machine without the build (a registered op cannot be unloaded)
+        mp.setenv(ext.DIR_ENV, str(tmp_path / "ext"))
+        mp.setattr(ext, "_registered", None)
+        assert main(argv) == 3
+    assert "not built for this machine; run `python -m qembed.build_ext`" in capsys.readouterr().err
+    assert not (tmp_path / "q").exists()
+    if ext.compiler() is None:
+        pytest.skip("no C++ compiler: the fused lookup cannot be built here")
+    monkeypatch.setenv(ext.DIR_ENV, str(tmp_path / "ext"))
+    ext.build()
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| per-row | fused (qembed_lookup) |" in out and "run `python -m qembed.build_ext` on every machine" in out
+    ids = np.arange(12, dtype=np.int64).reshape(2, 6)
+    files = find_model_files(tmp_path / "q", kwargs["model_filename"])
+    assert predict(files, {"ids": ids})[0].shape == (2, 4)
 
 
 def test_embed_npy_table(tmp_path, capsys):

@@ -65,7 +65,9 @@ def built(tmp_path_factory):
 
 @pytest.fixture
 def not_built(tmp_path, monkeypatch):
+    """A machine without the build (the op may stay registered in this process: it cannot be unloaded)."""
     monkeypatch.setenv(ext.DIR_ENV, str(tmp_path / "empty"))
+    monkeypatch.setattr(ext, "_registered", None)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +99,7 @@ def rows_model(request, table, tmp_path_factory):
 
 
 def test_build_is_cached_per_machine_and_atomic(built):
-    assert built.is_file() and built.parent == ext.cache_dir()
+    assert built.is_file() and built.parent == ext.cache_dir() and ext.library_path() == built
     stamp = built.stat().st_mtime_ns
     assert ext.build() == built and built.stat().st_mtime_ns == stamp  # built once
     assert not [p for p in built.parent.iterdir() if p.name.endswith(".tmp")]
@@ -198,6 +200,7 @@ def test_a_fused_model_without_the_build_says_how_to_build(built, rows_model, tm
     directory, kwargs = rows_model
     files, _ = quant_embedding_model(directory, tmp_path / "q", {"fused_lookup": True}, **kwargs)
     monkeypatch.setenv(ext.DIR_ENV, str(tmp_path / "elsewhere"))  # e.g. a server the op was not built on
+    monkeypatch.setattr(ext, "_registered", None)
     with pytest.raises(ConfigError, match="python -m qembed.build_ext"):
         predict(files, {"ids": np.ones((1, BAG), np.int64)})
 

@@ -28,7 +28,7 @@ BUILD_COMMAND = "python -m qembed.build_ext"
 # -ffp-contract=off: a multiply-add is rounded twice, as in the op sequence, so both give the same bits.
 CXXFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-fPIC", "-shared", "-DNDEBUG",
             "-DPADDLE_WITH_CUSTOM_KERNEL", "-D_GLIBCXX_USE_CXX11_ABI=1")
-_loaded: set[Path] = set()
+_registered: Path | None = None  # the library this process loaded: Paddle aborts on a second registration
 
 
 def cache_dir() -> Path:
@@ -95,17 +95,19 @@ def load() -> bool:
     """Register the op in this process if it is built; True when it is available.
 
     Load it before creating a ``paddle.inference`` predictor of a model that uses it
-    (:func:`qcore.inference.create_predictor` does this itself).
+    (:func:`qcore.inference.create_predictor` does this itself). Once registered, it stays: Paddle
+    aborts the process if a second library registers it again.
     """
-    path = library_path()
-    if path in _loaded:
+    global _registered
+    if _registered is not None:
         return True
+    path = library_path()
     if not path.is_file():
         return False
     from paddle.utils.cpp_extension.extension_utils import load_op_meta_info_and_register_op
 
     load_op_meta_info_and_register_op(str(path))
-    _loaded.add(path)
+    _registered = path
     return True
 
 

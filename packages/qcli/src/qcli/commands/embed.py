@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-row", choices=list(PER_ROW), default=None,
                    help="scale per row: off (seed default for models), on (default for .npy), "
                         "auto (models: chosen by measured error)")
+    p.add_argument("--fused-lookup", choices=list(ASYMMETRIC), default=None,
+                   help="models: read tables with the compiled qembed_lookup op (build it with python -m "
+                        "qembed.build_ext); auto: where it is built (default off: the op sequence)")
     p.add_argument("--threshold", type=float, default=None, help="clip the table to [-t, t] before quantizing")
     p.add_argument("--params-name", action="append", default=None, help="only this table (repeatable)")
     p.add_argument("--op-types", nargs="+", default=None,
@@ -66,6 +69,8 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
         config.setdefault("max_error", args.max_error)
     if args.asymmetric is not None:
         config.setdefault("asymmetric", ASYMMETRIC[args.asymmetric])
+    if args.fused_lookup is not None:
+        config.setdefault("fused_lookup", ASYMMETRIC[args.fused_lookup])
     if args.params_name:
         config.setdefault("params_name", args.params_name)
     if args.op_types:
@@ -82,8 +87,8 @@ def _run_model(qembed: Any, args: argparse.Namespace) -> int:
         args.source, args.out, _config(args), args.model_filename, args.params_filename
     )
     print(f"quantized model in {files.directory} ({files.family})\n")
-    print("| table | op | shape | scheme | scales | err one scale | err per-row | MiB before | MiB after |")
-    print("|---|---|---|---|---|---:|---:|---:|---:|")
+    print("| table | op | shape | scheme | scales | lookup | err one scale | err per-row | MiB before | MiB after |")
+    print("|---|---|---|---|---|---|---:|---:|---:|---:|")
     for r in reports:
         q = r.choice.table
         scheme = f"{q.quantize_type} int{q.bits}"
@@ -94,10 +99,14 @@ def _run_model(qembed: Any, args: argparse.Namespace) -> int:
         if r.choice.errors_by_bits:
             scheme += " (auto: " + ", ".join(f"int{b} {e:.4f}" for b, e in r.choice.errors_by_bits.items()) + ")"
         print(f"| {r.name} | {', '.join(r.op_types)} | {r.shape[0]}x{r.shape[1]} | {scheme} | "
-              f"{'per-row' if r.choice.per_row else 'one'} | {r.choice.whole_table_error:.4f} | "
+              f"{'per-row' if r.choice.per_row else 'one'} | {r.lookup} | {r.choice.whole_table_error:.4f} | "
               f"{r.choice.per_row_error:.4f} | {r.float_bytes / 2**20:.2f} | {r.quantized_bytes / 2**20:.2f} |")
     source = args.source if args.source.is_dir() else args.source.parent
     print(f"\nmodel on disk: {_size(source) / 2**20:.2f} MiB -> {_size(files.directory) / 2**20:.2f} MiB")
+    from qembed.ext import BUILD_COMMAND, OP_TYPE
+
+    if any(OP_TYPE in r.lookup for r in reports):
+        print(f"the model uses the compiled {OP_TYPE} op: run `{BUILD_COMMAND}` on every machine that serves it")
     return 0
 
 
