@@ -4,12 +4,14 @@ A recommender-style table (nothing real of this kind ships in a wheel): 1,000,00
 norms are log-normal (a few hot rows of large norm), looked up with Zipf(1.1)-distributed ids as real
 feature ids are, 32 samples x 20 ids per batch, mean-pooled (a bag of features). The model is
 ``ids -> embedding -> mean over the bag``, saved as a PIR program and as a legacy one, quantized by
-``qembed.quant_embedding_model`` per scheme. Per model: the file size, the median latency of one batch in
-``paddle.inference`` (qcore's default predictor: oneDNN, the int8 switch on), every model's runs
-interleaved with the float model's in one loop, and the pooled output's error against float over 100
-Zipf batches (relative L2 and cosine).
+``qembed.quant_embedding_model`` per scheme, each scheme also with the compiled lookup (``fused_lookup``: one
+``qembed_lookup`` op doing lookup, dequantization and the mean) where it is built (``python -m
+qembed.build_ext``; ``--fused on`` requires it, ``off`` leaves it out). Per model: the file size, the
+median latency of one batch in ``paddle.inference`` (qcore's default predictor: oneDNN, the int8 switch
+on), every model's runs interleaved with the float model's in one loop, and the pooled output's error
+against float over 100 Zipf batches (relative L2 and cosine).
 
-    python benchmarks/embed_lookup.py [--rows 1000000] [--repeats 2000]
+    python benchmarks/embed_lookup.py [--rows 1000000] [--repeats 2000] [--fused auto|on|off]
 
 Writes ``benchmarks/results/embed_lookup.md`` (atomically).
 """
@@ -33,6 +35,18 @@ SCHEMES = {  # name -> quant_embedding config; None: the float model
     "int4, per-row + offsets, packed": {"quantize_bits": 4, "per_row": True, "asymmetric": True},
     "int2, per-row + offsets, packed": {"quantize_bits": 2, "per_row": True, "asymmetric": True},
 }
+
+
+def schemes(fused: str) -> dict[str, dict | None]:
+    """SCHEMES, each also read by the compiled lookup when ``fused`` is "on", or "auto" and it is built."""
+    from qembed import ext
+
+    if fused == "on":
+        ext.require()
+    elif fused == "off" or not ext.load():
+        return dict(SCHEMES)
+    return {**SCHEMES, **{f"{name}, fused": {**config, "fused_lookup": True}
+                          for name, config in SCHEMES.items() if config is not None}}
 
 
 def recommender_table(rows: int, rng: np.random.Generator) -> np.ndarray:
@@ -73,7 +87,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=2000, help="interleaved rounds (one run of every model)")
+    parser.add_argument("--fused", choices=["auto", "on", "off"], default="auto",
+                        help="also the schemes with the compiled lookup (auto: if python -m qembed.build_ext built it)")
     args = parser.parse_args()
+    variants = schemes(args.fused)
     import paddle
 
     from qcore.inference import create_predictor, run_predictor
@@ -92,7 +109,7 @@ def main() -> None:
             float_dir.mkdir(parents=True)
             save_float_model(table, float_dir, family)
             files = {}
-            for name, config in SCHEMES.items():
+            for name, config in variants.items():
                 if config is None:
                     files[name] = find_model_files(float_dir)
                     continue
@@ -120,8 +137,9 @@ def main() -> None:
         f"x {BAG} ids, mean-pooled. Model `ids -> embedding -> mean`, saved as PIR and as legacy, quantized by "
         f"`quant_embedding_model`. Latency: median of {args.repeats} interleaved runs of one batch per model "
         "(qcore's default predictor: oneDNN with the int8 switch, 2 threads). Error: pooled outputs against float "
-        f"over 100 Zipf batches. Machine: {describe_cpu()}, Paddle {paddle.__version__}. Produced by "
-        "`benchmarks/embed_lookup.py`.",
+        f"over 100 Zipf batches. `, fused`: the compiled `qembed_lookup` op (built with -O3 -march=native on this "
+        f"machine) does lookup, dequantization and the mean in one op. Machine: {describe_cpu()}, Paddle "
+        f"{paddle.__version__}. Produced by `benchmarks/embed_lookup.py`.",
         "",
         "| IR | scheme | MiB on disk | x float | latency (ms) | x float lookup | output rel. L2 | output cosine |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
