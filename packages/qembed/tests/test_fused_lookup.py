@@ -274,3 +274,26 @@ def test_a_bag_sum_or_mean_after_the_lookup_is_folded_into_it(built, table, ids,
             np.testing.assert_allclose(got[1], expected_mean, rtol=1e-5, atol=1e-7)
         else:
             np.testing.assert_array_equal(got[1], _bag_sum(q_mean, feed, keep) / np.float32(BAG))
+
+
+@pytest.mark.parametrize("op_type,sparse", [("lookup_table", False), ("lookup_table_v2", True)])
+def test_v1_lookups_and_sparse_lookups_fuse_too(built, op_type, sparse):
+    """Paddle 1.x's lookup_table (ids [n, 1], rows [n, dim]) and a PaddleRec-style is_sparse lookup."""
+    from qembed_programs import build_static_program
+
+    from qembed import quant_embedding
+
+    table = np.random.default_rng(3).normal(0, 0.1, (100, 8)).astype(np.float32)
+    word = np.array([[0], [99], [7], [7], [42]], np.int64)
+    outputs = []
+    for fused in (False, True):
+        p = build_static_program("legacy", op_type, table=table)
+        with p.guard, paddle.static.scope_guard(p.scope):
+            for op in p.main.global_block().ops:
+                if op.type == op_type and sparse:
+                    op._set_attr("is_sparse", True)
+            quant_embedding(p.main, None, {"quantize_bits": 4, "per_row": True, "fused_lookup": fused}, p.scope)
+            assert any(op.type == "qembed_lookup" for op in p.main.global_block().ops) == fused
+            outputs.append(p.exe.run(p.main, feed={"word": word}, fetch_list=[p.out])[0])
+    assert outputs[1].shape == outputs[0].shape
+    np.testing.assert_array_equal(outputs[1], outputs[0])
