@@ -40,6 +40,7 @@ from qcore.quant import LN2, check_log_step, fit_log_step, log_codes, log_dequan
 BLOCK_BYTES = 1 << 20  # fp32 bytes per work block: big enough to amortise numpy calls, small enough for L2
 READ_BYTES = 1 << 20  # .npy bytes read at a time: still in cache when they are quantized
 LOG_FIT_VALUES = 1 << 15  # values (whole rows, evenly spaced) the log grid's spacing is fitted on
+_ROUNDER = np.float32(1.5 * 2**23)  # x + this rounds x to an integer (half to even) for |x| < 2**22
 
 
 @dataclass
@@ -75,11 +76,11 @@ class QuantizedTable:
         if idx.size and (idx.min() < 0 or idx.max() >= len(self.codes)):
             raise DataError(f"ids must be in [0, {len(self.codes)}); got {idx.min()}..{idx.max()}")
         flat = idx.reshape(-1)
-        codes = np.asarray(self.codes[flat])
+        codes = np.asarray(np.take(self.codes, flat, axis=0))  # take: 3x faster than indexing (memory maps too)
         if self.packed:
             codes = unpack_int4(codes, self.dim)
         scales = self.scales[flat] if self.per_row else self.scales[:1]
-        values = _dequantize(codes, scales, self.quantize_type, self.log_step)
+        values = _dequantize(codes, scales, self.per_row, self.quantize_type, self.log_step)
         if self.offsets is not None:
             values += self.offsets[flat][:, None]
         return values.reshape(*idx.shape, self.dim)
@@ -129,14 +130,15 @@ def unpack_int4(packed: NDArray[np.uint8], dim: int) -> NDArray[np.int8]:
 
 
 def _dequantize(
-    codes: NDArray[np.integer], scales: NDArray[np.float32], quantize_type: str, log_step: float | None
+    codes: NDArray[np.integer], scales: NDArray[np.float32], per_row: bool, quantize_type: str, log_step: float | None
 ) -> NDArray[np.float32]:
-    per_row = scales.size > 1
+    """``codes`` (rows) times ``scales`` (one per row, or one), read on the table's grid."""
     if quantize_type == "log":
         meta = {"scheme": "log2", "absmax": scales if per_row else scales[0], "axis": 0 if per_row else None,
                 "step": log_step}
         return log_dequantize(codes, meta)
-    return codes.astype(np.float32) * (scales[:, None] if per_row else scales[0])
+    # one pass into one new array (astype then multiply: two, and a second array to page in)
+    return np.multiply(codes, scales[:, None] if per_row else scales[0], dtype=np.float32)
 
 
 def _check_finite(table: NDArray[np.float32], absmax: float | NDArray[np.float32], name: str) -> None:
@@ -151,11 +153,13 @@ def _row_absmax(block: NDArray[np.float32], work: NDArray[np.float32]) -> NDArra
 
     Clearing the sign bit and taking an int32 max gives the same result as a float max of |x|
     (non-negative floats order like their bit patterns; NaN still comes out as NaN) about twice
-    as fast, since numpy's float max handles NaN on every element.
+    as fast, since numpy's float max handles NaN on every element. ``reduceat`` over the flat rows
+    is about twice as fast again as ``max(axis=1)`` on short rows.
     """
     bits = work.view(np.int32)
     np.bitwise_and(np.ascontiguousarray(block).view(np.int32), 0x7FFFFFFF, out=bits)
-    return bits.max(axis=1).view(np.float32)
+    rows, dim = bits.shape
+    return np.maximum.reduceat(bits.reshape(-1), np.arange(0, rows * dim, dim)).view(np.float32)
 
 
 def _work_buffers(rows: int, dim: int, log: bool) -> tuple[NDArray[np.float32], NDArray[np.intp]]:
@@ -202,10 +206,18 @@ def _table_codes(
         if log:
             log_codes(buf, bits, log_step, out=out.reshape(-1), index=index[: buf.size])
             continue
-        np.rint(buf, out=buf)
+        if bits > 8:
+            np.rint(buf, out=buf)
+            if threshold:
+                np.clip(buf, -qm, qm, out=buf)
+            np.copyto(out, buf, casting="unsafe")
+            continue
+        # rint by adding 1.5 * 2**23: the sum rounds half to even, and its bits end in the code's two's complement
+        # (exact for |x| < 2**22; larger values only occur with a threshold, which clips them to +-qm first)
+        np.add(buf, _ROUNDER, out=buf)
         if threshold:
-            np.clip(buf, -qm, qm, out=buf)
-        np.copyto(out, buf, casting="unsafe")
+            np.clip(buf, _ROUNDER - qm, _ROUNDER + qm, out=buf)
+        np.copyto(out, buf.view(np.int32), casting="unsafe")  # keeps the low byte
     return codes, scales
 
 
