@@ -165,6 +165,12 @@ def test_pooled_bags_equal_numpy_sums_in_id_order(built, table, ids, pooling, bi
         expected = np.where(count > 0, expected / np.maximum(divisor, 1), expected)
     np.testing.assert_array_equal(got.numpy(), expected)
     assert not got.numpy()[3].any()
+    (as_int32,) = paddle._C_ops._run_custom_op(ext.OP_TYPE, paddle.to_tensor(ids.astype(np.int32)), codes, scale,
+                                               offset, values, DIM, packed, pooling, 0)
+    np.testing.assert_array_equal(as_int32.numpy(), expected)
+    (no_ids,) = paddle._C_ops._run_custom_op(ext.OP_TYPE, paddle.to_tensor(np.zeros((3, 0), np.int64)), codes, scale,
+                                             offset, values, DIM, packed, pooling, 0)
+    assert no_ids.shape == [3, DIM] and not no_ids.numpy().any()  # bags of length 0
 
 
 def test_bad_ids_and_pooling_are_refused_in_one_line(built, table):
