@@ -5,7 +5,7 @@ mean / sqrt-mean, in one pass: what ``fused_embedding_seq_pool`` did for float t
 dropped it. Nothing here needs a compiler until :func:`build` is called (``python -m qembed.build_ext``);
 the library is built for this machine (``-O3 -march=native``) into a cache directory keyed by the
 source, the Paddle version and the CPU's flags, so a home directory shared by AVX2-only and AVX-512
-machines keeps one build per class. Without it, ``quant_embedding`` writes the op sequence.
+machines keeps one build per CPU. Without it, ``quant_embedding`` writes the op sequence.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from pathlib import Path
 from qcore.errors import ConfigError, QuantError
 
 OP_TYPE = "qembed_lookup"
-POOLINGS = ("none", "sum", "mean", "sqrt_mean")
 SOURCE = Path(__file__).parent / "csrc" / "lookup.cc"
 #: Directory of the built library (default ``$XDG_CACHE_HOME/qembed``, i.e. ``~/.cache/qembed``).
 DIR_ENV = "QEMBED_EXT_DIR"
