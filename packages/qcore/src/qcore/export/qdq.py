@@ -10,7 +10,8 @@ standing as a marker ``Cast`` (float -> float) and each integer weight as a floa
   and TensorRT read either form. A ``Shape`` (paddle2onnx's flatten reads its input's shape) reads the
   codes themselves: a dequantize there would be a pass over the tensor for nothing;
 * a weight becomes an int8 initializer read through ``DequantizeLinear`` (per-channel scales
-  along the Paddle weight's channel axis, which paddle2onnx keeps), one per reader.
+  along the Paddle weight's channel axis, which paddle2onnx keeps), one per reader, each reader after
+  the first with its own copy (:func:`_weight_dq`).
 
 Activations are written ``uint8`` (ONNX Runtime runs int8 kernels only for U8S8: uint8
 activations, int8 weights) or ``int8`` (TensorRT's explicit quantization wants symmetric int8).
@@ -178,7 +179,11 @@ def _dynamic_matmul(matmul: onnx.NodeProto, weight: StoredWeight) -> list[onnx.N
 
 def _weight_dq(weight: StoredWeight, stored: dict[str, onnx.TensorProto],
                at: list[tuple[onnx.NodeProto, int]], initializers: list[onnx.TensorProto]) -> list[onnx.NodeProto]:
-    """The int8 initializer, scales and one ``DequantizeLinear`` per reader of float initializer ``weight.name``."""
+    """The int8 initializer, scales and one ``DequantizeLinear`` per reader of float initializer ``weight.name``.
+
+    Each reader after the first gets copies of the three initializers: OpenVINO 2026.4 computes convs sharing
+    one int8 weight wrongly (measured: a conv applied twice, 0.52 off its simulation with one initializer read
+    by two ``DequantizeLinear`` or by one, 4e-4 with a copy each)."""
     from onnx import helper, numpy_helper
 
     float_init = stored.get(weight.name)
@@ -186,15 +191,18 @@ def _weight_dq(weight: StoredWeight, stored: dict[str, onnx.TensorProto],
         found = "missing" if float_init is None else f"of shape {list(float_init.dims)}"
         raise ExportError(f"weight {weight.name!r} is {found} in paddle2onnx's graph (expected shape "
                           f"{list(weight.codes.shape)}); paddle2onnx rewrote it, so its int8 form cannot be placed")
-    codes, scale, zero = f"{weight.name}.int8", f"{weight.name}.scale", f"{weight.name}.zero_point"
     steps = weight.steps if weight.axis is not None else np.float32(weight.steps.ravel()[0])
-    initializers += [numpy_helper.from_array(weight.codes.astype(np.int8), codes),
-                     numpy_helper.from_array(np.asarray(steps, np.float32), scale),
-                     numpy_helper.from_array(np.zeros(np.shape(steps), np.int8), zero)]
     attrs = {"axis": weight.axis} if weight.axis is not None else {}
     nodes = []
-    for i, (node, slot) in enumerate(at):
-        out = weight.name if len(at) == 1 else f"{weight.name}.dq{i}"
-        nodes.append(helper.make_node("DequantizeLinear", [codes, scale, zero], [out], name=out, **attrs))
-        node.input[slot] = out
+    for i in range(max(len(at), 1)):  # the initializers are written once without a reader (dynamic matmuls read them)
+        copy = f".{i}" if i else ""
+        codes, scale, zero = (f"{weight.name}.{kind}{copy}" for kind in ("int8", "scale", "zero_point"))
+        initializers += [numpy_helper.from_array(weight.codes.astype(np.int8), codes),
+                         numpy_helper.from_array(np.asarray(steps, np.float32), scale),
+                         numpy_helper.from_array(np.zeros(np.shape(steps), np.int8), zero)]
+        if i < len(at):
+            node, slot = at[i]
+            out = weight.name if len(at) == 1 else f"{weight.name}.dq{i}"
+            nodes.append(helper.make_node("DequantizeLinear", [codes, scale, zero], [out], name=out, **attrs))
+            node.input[slot] = out
     return nodes
