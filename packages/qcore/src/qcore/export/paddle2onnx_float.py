@@ -4,8 +4,8 @@ paddle2onnx 2.1 reads both IRs (it translates legacy programs to PIR first), kee
 names as initializer names and names activations ``p2o.pd_op.<op>.<n>.0``. It runs:
 
 * in a child process: on a program it cannot convert it ends its process (measured: exit status
-  255 on PP-OCRv4 det, "the 0th elementwise MUST be ir::FloatAttribute"), which must not take the
-  caller down; its error line is reported instead, with the op it failed on (its verbose log names
+  255 on PP-OCRv4 det as Paddle saves it, "the 0th elementwise MUST be ir::FloatAttribute", before
+  :func:`float_interp_scales`), which must not take the caller down; its error line is reported instead, with the op it failed on (its verbose log names
   each op as it starts and finishes converting it);
 * with its graph optimizer off: that optimizer installs packages at run time (onnx-graphsurgeon
   through polygraphy) and may rewrite the weights whose names the QDQ writer looks up; both
