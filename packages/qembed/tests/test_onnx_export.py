@@ -113,6 +113,27 @@ def test_padding_rows_of_a_one_scale_table_export_as_zeros(tmp_path, runtime):
     np.testing.assert_allclose(deployed, expected, rtol=0, atol=1e-6)
 
 
+def test_the_openvino_runtime_predictor_of_a_legacy_table_model_runs_its_export(tmp_path, monkeypatch):
+    """OpenVINO 2026.4 reads legacy programs itself, but its Paddle frontend refuses a one-scale int8 table with a
+    padding row ("Argument 1 and 2 element types must match"): models with quantized lookups go through the export."""
+    pytest.importorskip("openvino")
+    from qcore.graph import open_graph
+    from qcore.inference import create_predictor
+    from qcore.model_io import load_model
+    from qdemo.testing import EMBEDDING_INPUT_SPEC, save_tiny_net
+
+    monkeypatch.setenv("QCORE_OPENVINO_PRECISION", "f32")
+    save_tiny_net(_padded_net(), tmp_path / "float", "legacy_pdmodel", EMBEDDING_INPUT_SPEC)
+    files, _ = quant_embedding_model(tmp_path / "float", tmp_path / "q", {"per_row": False})
+    predictor = create_predictor(files, backend="openvino-runtime")
+    assert predictor.onnx_file.suffix == ".onnx"
+    kinds = [n.op_type for n in onnx.load(str(predictor.onnx_file)).graph.node]
+    assert kinds.count("GatherBlockQuantized") == 1
+    ids = np.array([[0, 0, 0, 0, 0, 0], [0, 5, 0, 7, 9, 0], [1, 2, 3, 4, 5, 6]], np.int64)
+    simulated = open_graph(load_model(files)).run({"ids": ids})[0]
+    np.testing.assert_allclose(predictor.run({"ids": ids})[0], simulated, rtol=0, atol=1e-6)
+
+
 def test_a_pir_one_scale_table_with_padding_is_one_line(tmp_path):
     from qcore.errors import ExportError
     from qcore.export import export_onnx

@@ -16,7 +16,6 @@ from qcore.deploy import get_target, host
 from qcore.deploy.onnx_runtimes import ONNX_FILE
 from qcore.errors import ConfigError, ExportError
 from qcore.export import export_onnx, onnx_bytes
-from qcore.graph import open_graph
 from qcore.inference import create_predictor, run_predictor
 from qcore.model_io import load_model
 from qptq import quant_post_dynamic, quant_post_static
@@ -274,13 +273,12 @@ def test_lookup_tables_are_stored_per_row_in_int8_for_the_onnx_runtimes(tmp_path
     table = net.emb.weight.numpy()
     row_max = np.abs(table).max(1)  # row 0 is the padding row, all zeros: threshold 1 (its codes are 0 anyway)
     np.testing.assert_allclose(lookup["weight"]["thresholds"], np.where(row_max > 0, row_max, 1.0), rtol=1e-5)
-    if (tmp_path / "q" / ONNX_FILE).exists():  # what the runtime reads: the export, or (legacy, OpenVINO) the program
-        model = onnx.load(str(tmp_path / "q" / ONNX_FILE))
-        int8 = [numpy_helper.to_array(i) for i in model.graph.initializer if i.data_type == onnx.TensorProto.INT8]
-    else:
-        graph = open_graph(load_model(tmp_path / "q"))
-        int8 = [graph.get_param(n) for n in graph.param_names() if n.endswith(".quantized")]
-    codes = next(v for v in int8 if v.shape == (500, 32))  # the table, stored as 8-bit codes
+    # what both runtimes read: the export (legacy models with quantized lookups too), the table one
+    # GatherBlockQuantized on the codes shifted to uint8 (qcore.export.lookups)
+    model = onnx.load(str(tmp_path / "q" / ONNX_FILE))
+    (gather,) = [n for n in model.graph.node if n.op_type == "GatherBlockQuantized"]
+    data = next(numpy_helper.to_array(i) for i in model.graph.initializer if i.name == gather.input[0])
+    codes = data.reshape(500, -1)[:, :32].astype(np.int16) - 128  # the table, stored as 8-bit codes
     np.testing.assert_array_equal(codes, np.round(table / (np.where(row_max > 0, row_max, 1.0)[:, None] / 127)))
     simulated = load_model(tmp_path / "q").run({"ids": ids})[0]
     deployed = run_predictor(create_predictor(tmp_path / "q", backend=runtime), {"ids": ids})[0]

@@ -91,11 +91,22 @@ class OnnxTarget(DeployTarget):
             return str(error)
         return self.unavailable()
 
+    def reads_itself(self, model: Any) -> bool:
+        """Whether the runtime reads ``model``'s own program: a family of :attr:`reads_paddle` without quantized
+        lookups (qembed's tables: the export writes each as one ``GatherBlockQuantized`` the runtime keeps
+        compressed, and OpenVINO 2026.4's Paddle frontend refuses a one-scale table with a padding row, measured)."""
+        if model.family not in self.reads_paddle:
+            return False
+        from ..export.lookups import code_lookups
+        from ..graph import open_graph
+
+        return not code_lookups(open_graph(model))
+
     def export_problem(self, model: Any) -> str | None:
         """The float model's checked ONNX export fails (the quantized model's would too: it is converted from
         the same program with QDQ markers). It cannot be reused for the quantized model, whose program differs
         (markers, folded batch norms), so this costs one conversion and check of the float model."""
-        if model.family in self.reads_paddle:
+        if self.reads_itself(model):
             return None
         from ..errors import ExportError
         from ..export import onnx_bytes
@@ -111,7 +122,7 @@ class OnnxTarget(DeployTarget):
         the families it reads directly)."""
         from ..export import onnx_bytes
 
-        if model.family in self.reads_paddle:
+        if self.reads_itself(model):
             return {}
         return {ONNX_FILE: onnx_bytes(model, activation_type=self.activation_type, dynamic=self.dynamic_matmuls,
                                       runtime=self.name)}
@@ -127,9 +138,11 @@ class OnnxTarget(DeployTarget):
             raise ConfigError(f"backend {self.name!r} cannot run here: {reason}")
         if isinstance(files, Path):
             return self.load(files, threads)
-        if files.family in self.reads_paddle:
-            return self.load(as_pdmodel(files).model_file, threads)
         from ..export import export_onnx
+        from ..model_io import load_model
+
+        if files.family in self.reads_paddle and self.reads_itself(load_model(files)):
+            return self.load(as_pdmodel(files).model_file, threads)
 
         onnx_file = scratch_dir("qcore-onnx-") / "model.onnx"
         return self.load(export_onnx(files, onnx_file, activation_type=self.activation_type,

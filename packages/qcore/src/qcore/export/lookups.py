@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ExportError
-from ..graph import Graph
+from ..graph import Graph, OpRef
 from ..groupwise import GroupCodes
 from ..optable import LOOKUP, seed_types
 from ..packing import unpack_fields
@@ -37,25 +37,33 @@ _EXPORT_BITS = {2: 4, 4: 4, 8: 8}
 _SMALLEST_BLOCK = 16
 
 
+def code_lookups(graph: Graph) -> list[tuple[OpRef, str]]:
+    """Every lookup of ``graph`` reading int8 codes (a table :meth:`~qcore.graph.Graph.quantize_lookup` wrote), with
+    the codes parameter's name."""
+    params = set(graph.param_names())
+    found = []
+    for op in graph.ops(seed_types(LOOKUP)):
+        codes = [n for n in graph.input_names(op) if n in params and graph.get_param(n).dtype == np.int8]
+        if codes:
+            found.append((op, codes[0]))
+    return found
+
+
 def unpad_code_lookups(graph: Graph) -> dict[str, int]:
     """Take ``padding_idx`` off every lookup of int8 codes in ``graph`` (an export's legacy clone): paddle2onnx 2.1
     aborts on an int8 table with one. Returns codes parameter -> padding row, which :func:`write_lookups` zeroes.
     Per-row tables carry their padding on the scale lookup and have none here; a PIR one is one ExportError line."""
-    params = set(graph.param_names())
     padded = {}
-    for op in graph.ops(seed_types(LOOKUP)):
+    for op, codes in code_lookups(graph):
         padding = graph.attr(op, "padding_idx", -1)
         if padding is None or padding == -1:
             continue
-        codes = [n for n in graph.input_names(op) if n in params and graph.get_param(n).dtype == np.int8]
-        if not codes:
-            continue
         if graph.family == "pir":  # its padding_idx is an int64 attribute, which PIR's Python API cannot set
-            raise ExportError(f"the lookup of {codes[0]!r} (one scale for the table, padding_idx {padding}) cannot be "
+            raise ExportError(f"the lookup of {codes!r} (one scale for the table, padding_idx {padding}) cannot be "
                               "exported from a PIR program: paddle2onnx 2.1 aborts on an int8 table with a padding "
                               "row; quantize the table with per_row=True (or export the legacy form)")
         graph.set_attr(op, "padding_idx", -1)
-        padded[codes[0]] = int(padding)
+        padded[codes] = int(padding)
     return padded
 
 
