@@ -93,7 +93,7 @@ def identities_around_transposed_convs(model: onnx.ModelProto) -> int:
     paddle2onnx 2.1 reads a transposed conv's input and weight through its auto-cast (an ``Identity`` when the
     type already fits, named ``auto.cast.<k>``) and writes its output through another ``Identity`` (to the
     name ``p2o.pd_op.conv2d_transpose.<k>.0``). The QDQ writer finds a weight and a quantized input by their
-    readers, the bias fold (:mod:`.fusable`) the ``Add`` by the conv's output, and the runtimes fuse
+    readers, the bias fold (:mod:`.fusable`) the ``Add`` by the conv's output, and a runtime fuses
     ``DequantizeLinear -> ConvTranspose -> QuantizeLinear`` only when nothing sits between them. An
     ``Identity`` another node also reads stays for that node.
     """
