@@ -23,6 +23,13 @@ SCHEMES = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _dygraph_after():
+    """The static programs switch Paddle to static mode; later tests build dygraph layers."""
+    yield
+    paddle.disable_static()
+
+
 def _saved(static_program, tmp_path, family):
     table = np.random.default_rng(3).normal(0, 0.1, (ROWS, DIM)).astype(np.float32)
     p = static_program(family, table=table)
