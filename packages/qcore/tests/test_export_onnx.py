@@ -207,3 +207,16 @@ def test_paddle2onnx_failures_name_the_op_it_was_converting():
 [ERROR]\tFailed to convert PaddlePaddle model: (Unimplemented) the 0th elementwise MUST be ir::FloatAttribute"""
     assert _failed_op(log) == "pd_op.nearest_interp (op 1922)"  # PP-OCRv4 det's verbose log (measured)
     assert _failed_op(log.split("\n[Paddle2ONNX] Start export pd_op.nearest")[0]) is None  # every op finished
+
+
+def test_paddle2onnx_installs_and_folds_nothing(tmp_path, monkeypatch, capfd):
+    # paddle2onnx 2.1 runs Polygraphy's constant folding on any file it saves, whatever enable_optimize says,
+    # and lets Polygraphy pip-install onnx-graphsurgeon first: the export takes its bytes instead
+    from qcore.export.paddle2onnx_float import PADDLE2ONNX_LOGS_ENV
+
+    save_tiny_net(make_tiny_net(), tmp_path / "float", "pir")
+    monkeypatch.setenv(PADDLE2ONNX_LOGS_ENV, "1")  # the child's log goes to stderr
+    export_onnx(tmp_path / "float", tmp_path / "tiny.onnx")
+    log = capfd.readouterr().err
+    assert "Start export pd_op.conv2d" in log  # the log is there
+    assert "Polygraphy" not in log and "pip install" not in log

@@ -5,11 +5,14 @@ names as initializer names and names activations ``p2o.pd_op.<op>.<n>.0``. It ru
 
 * in a child process: on a program it cannot convert it ends its process (measured: exit status
   255 on PP-OCRv4 det as Paddle saves it, "the 0th elementwise MUST be ir::FloatAttribute", before
-  :func:`float_interp_scales`), which must not take the caller down; its error line is reported instead, with the op it failed on (its verbose log names
-  each op as it starts and finishes converting it);
-* with its graph optimizer off: that optimizer installs packages at run time (onnx-graphsurgeon
-  through polygraphy) and may rewrite the weights whose names the QDQ writer looks up; both
-  runtimes optimize the graph themselves when they load it;
+  :func:`float_interp_scales`), which must not take the caller down; its error line is reported
+  instead, with the op it failed on (its verbose log names each op as it starts and finishes
+  converting it);
+* with its graph optimizers off: they install packages at run time (onnx-graphsurgeon through
+  Polygraphy, from NVIDIA's package index) and may rewrite the weights whose names the QDQ writer
+  looks up; both runtimes optimize the graph themselves when they load it. ``enable_optimize=False``
+  turns off only the C++ one: paddle2onnx 2.1 folds constants with Polygraphy whenever it saves the
+  file itself, so it returns the bytes and the child writes them;
 * inside a temporary directory, as its working directory and its ``TMPDIR``: whatever it writes
   (its intermediate PIR program, files a crash leaves) stays there and is removed with it, whether
   the conversion succeeds, fails or the child is killed;
@@ -54,8 +57,10 @@ PADDLE2ONNX_LOGS_ENV = "QCORE_PADDLE2ONNX_LOGS"
 _CONVERT = """
 import sys
 import paddle2onnx
-paddle2onnx.export(sys.argv[1], sys.argv[2], sys.argv[3], opset_version=int(sys.argv[4]), enable_optimize=False,
-                   enable_onnx_checker=False, verbose=True)
+data = paddle2onnx.export(sys.argv[1], sys.argv[2], None, opset_version=int(sys.argv[4]), enable_optimize=False,
+                          enable_onnx_checker=False, verbose=True)
+with open(sys.argv[3], "wb") as out:
+    out.write(data)
 """
 
 
