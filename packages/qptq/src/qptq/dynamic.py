@@ -7,7 +7,6 @@ in the executor and in ``paddle.inference`` on CPU. Activations stay in float.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -25,7 +24,6 @@ from .naming import dynamic_output_names
 from .weight_only.config import WeightOnlyConfig
 from .weight_only.saved import quant_post_weight_only
 
-log = logging.getLogger(__name__)
 #: Every op type with a quantizable weight (conv, fc, ...; embedding tables are :mod:`qembed`'s).
 DYNAMIC_OP_TYPES = seed_types(*weighted_kinds())
 
@@ -90,21 +88,11 @@ def quant_post_dynamic(
     names = dynamic_output_names(graph.family, save_model_filename, save_params_filename, graph.model.source)
     check_model_output(save_model_dir, graph.family, *names, graph.model.source)
     test_graph = open_graph(load_model(model_dir, model_filename, params_filename)) if generate_test_model else None
-    ops = graph.ops(list(quantizable_op_type))
-    twins = test_graph.ops(list(quantizable_op_type)) if test_graph is not None else [None] * len(ops)
-    for op, twin in zip(ops, twins):
-        weight = graph.weight_operand(op)
-        if weight is None:
-            continue
-        problem = deployment.weight_only_problem(graph, op)
-        if problem is not None:
-            log.warning("%r left in float: %s", op, problem)
-            continue
-        axis = graph.weight_channel_axis(op) if per_channel else None
-        cast = deployment.reads_weight_through_cast(op)
-        stored = graph.quantize_weight(weight, weight_bits, axis, float_dequant=cast)
-        if test_graph is not None:
-            test_graph.replace_weight(test_graph.weight_operand(twin), stored.dequantized(), "fake_quantized")
+    stored = deployment.store_weights(graph, graph.ops(list(quantizable_op_type)), weight_bits, per_channel)
+    if test_graph is not None:
+        for twin, weight in zip(test_graph.ops(list(quantizable_op_type)), stored):
+            if weight is not None:
+                test_graph.replace_weight(test_graph.weight_operand(twin), weight.dequantized(), "fake_quantized")
     files = deployment.save(graph, save_model_dir, *names)
     if test_graph is not None:
         test_graph.save(Path(save_model_dir) / "test_model", *names)

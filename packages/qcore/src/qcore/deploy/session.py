@@ -11,6 +11,7 @@ names a concrete target.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,9 +25,10 @@ from .base import DeployTarget, ModelRules, OpTarget, find_targets, float_joins,
 from .registry import get_target
 
 if TYPE_CHECKING:
-    from ..graph import Graph, OpRef
+    from ..graph import Graph, OpRef, QuantizedWeight
     from ..model_io import ModelFiles
 
+log = logging.getLogger(__name__)
 #: Backends :meth:`Deployment.float_summary` may suggest, in order (their rules are data, not graph-dependent).
 SUGGESTED_TARGETS = ("openvino", "openvino-runtime", "onnxruntime")
 #: ``activation_symmetric`` -> activation grids; None takes the target's default.
@@ -198,6 +200,25 @@ class Deployment:
     def reads_weight_through_cast(self, op: OpRef) -> bool:
         """Whether the runtime reads ``op``'s int8 weight through cast -> multiply (not ``dequantize_linear``)."""
         return op.seed_type in self.target.float_dequant_weights
+
+    def store_weights(
+        self, graph: Graph, ops: Sequence[OpRef], bits: int = 8, per_channel: bool = True
+    ) -> list[QuantizedWeight | None]:
+        """Weight-only quantization: store each of ``ops``' float weights as int``bits`` codes (per output channel,
+        or one scale) read through the dequantize step this runtime takes. One entry per op: None where the op
+        has no float parameter weight or the runtime keeps it float (logged with the reason)."""
+        stored: list[QuantizedWeight | None] = []
+        for op in ops:
+            weight = graph.weight_operand(op)
+            problem = None if weight is None else self.weight_only_problem(graph, op)
+            if problem is not None:
+                log.warning("%r left in float: %s", op, problem)
+            if weight is None or problem is not None:
+                stored.append(None)
+                continue
+            axis = graph.weight_channel_axis(op) if per_channel else None
+            stored.append(graph.quantize_weight(weight, bits, axis, float_dequant=self.reads_weight_through_cast(op)))
+        return stored
 
     # --- rewriting and saving
 
