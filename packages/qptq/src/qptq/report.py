@@ -48,7 +48,7 @@ def run_report(plan: Plan, quantized: Quantized, calibration: Calibration, deplo
 def _layer(plan: Plan, applied: Applied, chosen: dict[str, float], shared: dict[str, float],
            grids: dict[str, tuple[float, float]], unsigned: set[str]) -> dict[str, Any]:
     target = applied.planned.target
-    entry: dict[str, Any] = {"op": target.op.seed_type, "scope": target.op.scope_name, "inputs": {}}
+    entry: dict[str, Any] = {"op": target.op.seed_type or target.op.type, "scope": target.op.scope_name, "inputs": {}}
     if applied.left_float is not None:
         entry["left_float"] = applied.left_float
         return entry

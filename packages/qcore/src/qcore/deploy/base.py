@@ -11,7 +11,7 @@ quantization and the QAT export both apply those rules through :func:`qcore.depl
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -125,6 +125,27 @@ def float_joins(graph: Graph, targets: Iterable[OpTarget], skip_patterns: Iterab
     return reasons
 
 
+def output_readers(graph: Graph, writers: list[OpRef], passes: Callable[[Graph, OpRef], bool] | None = None
+                   ) -> list[tuple[OpRef, list[Operand]]]:
+    """Each of ``writers`` with the operands reading its output: behind a conv's bias add (its only reader), and
+    behind the ops ``passes`` says the runtime runs on the codes of what they read (instead of those ops)."""
+    def behind(ops: list[OpRef]) -> dict[int, list[Operand]]:
+        direct = graph.readers(ops)
+        passing = [r.op for found in direct.values() for r in found if passes is not None and passes(graph, r.op)]
+        further = behind(passing) if passing else {}
+        return {key: [o for r in found for o in (further[r.op.key] if r.op.key in further else [r])]
+                for key, found in direct.items()}
+
+    readers = graph.readers(writers)
+    after = {}
+    for op in writers:
+        found = readers[op.key]
+        if len(found) == 1 and found[0].op.seed_type == "elementwise_add" and graph.added_param(found[0].op):
+            after[op.key] = found[0].op  # a conv's bias
+    through = behind([*after.values(), *(op for op in writers if op.key not in after)])
+    return [(op, through[after[op.key].key if op.key in after else op.key]) for op in writers]
+
+
 #: Legacy op attribute recording which backend a model was quantized for (on its first op after the feeds).
 MARK_ATTR = "qcore_deploy_backend"
 
@@ -172,6 +193,19 @@ class ModelRules:
 
     def finish(self, quantized: list[OpRef], activations: list[str]) -> None:
         """Once every QDQ is in: make the simulation match what the runtime does with them."""
+
+
+class OutputReaderRules(ModelRules):
+    """The data rules, except for the ops a target's :meth:`~DeployTarget.plan` quantizes only as readers of an
+    int8 op's output (:attr:`OpTarget.runs_float`): they run float whatever their type (no kernel of their own
+    is needed)."""
+
+    def __init__(self, target: DeployTarget, graph: Graph, readers: Iterable[OpTarget]) -> None:
+        super().__init__(target, graph)
+        self.readers = {t.op.key for t in readers if t.runs_float}
+
+    def problem(self, op: OpRef, bits: int, per_channel: bool) -> str | None:
+        return None if op.key in self.readers else super().problem(op, bits, per_channel)
 
 
 class DeployTarget(ABC):

@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..optable import CONV_KINDS, kind_of
-from .base import DeployTarget, ModelRules, OpTarget
+from .base import ModelRules, OpTarget, OutputReaderRules, output_readers
 from .onnx_runtimes import OnnxPredictor, OnnxTarget
 
 if TYPE_CHECKING:
-    from ..graph import Graph, Operand, OpRef
+    from ..graph import Graph, OpRef
 
 
 #: Why a transposed conv stays float on ONNX Runtime (module doc).
@@ -65,18 +65,6 @@ def _averaging_pool(graph: Graph, op: OpRef) -> bool:
     """An average pool: ONNX Runtime runs it int8 (``QLinearAveragePool`` / ``QLinearGlobalAveragePool``) only
     when its output is quantized too."""
     return op.type.split(".")[-1] == "pool2d" and graph.attr(op, "pooling_type") == "avg"
-
-
-class OutputReaderRules(ModelRules):
-    """The data rules, except for the ops :meth:`OnnxRuntimeTarget.plan` quantizes only as readers of an int8
-    op's output: they run float whatever their type (so no kernel of their own is needed)."""
-
-    def __init__(self, target: DeployTarget, graph: Graph, readers: Iterable[OpTarget]) -> None:
-        super().__init__(target, graph)
-        self.readers = {t.op.key for t in readers if t.runs_float}
-
-    def problem(self, op: OpRef, bits: int, per_channel: bool) -> str | None:
-        return None if op.key in self.readers else super().problem(op, bits, per_channel)
 
 
 class OnnxRuntimeTarget(OnnxTarget):
@@ -107,7 +95,7 @@ class OnnxRuntimeTarget(OnnxTarget):
         writers += [t.op for t in [*targets, *extra] if _averaging_pool(graph, t.op) or (
             t.op.seed_type == "elementwise_add" and graph.added_param(t.op) is None)]
         while writers:
-            found = self._output_readers(graph, writers)
+            found = output_readers(graph, writers, _passes_codes)
             writers = []
             for writer, operands in found:
                 for operand in operands:
@@ -119,26 +107,6 @@ class OnnxRuntimeTarget(OnnxTarget):
                     if pool:
                         writers.append(operand.op)
         return extra, float_inputs
-
-    @staticmethod
-    def _output_readers(graph: Graph, writers: list[OpRef]) -> list[tuple[OpRef, list[Operand]]]:
-        """Each of ``writers`` with the operands reading its output: behind a conv's bias add, and behind the ops
-        ONNX Runtime runs on the codes (:func:`_passes_codes`) instead of those."""
-        def behind(ops: list[OpRef]) -> dict[int, list[Operand]]:
-            direct = graph.readers(ops)
-            passing = [r.op for found in direct.values() for r in found if _passes_codes(graph, r.op)]
-            further = behind(passing) if passing else {}
-            return {key: [o for r in found for o in (further[r.op.key] if r.op.key in further else [r])]
-                    for key, found in direct.items()}
-
-        readers = graph.readers(writers)
-        after = {}
-        for op in writers:
-            found = readers[op.key]
-            if len(found) == 1 and found[0].op.seed_type == "elementwise_add" and graph.added_param(found[0].op):
-                after[op.key] = found[0].op  # a conv's bias
-        through = behind([*after.values(), *(op for op in writers if op.key not in after)])
-        return [(op, through[after[op.key].key if op.key in after else op.key]) for op in writers]
 
     def rules(self, graph: Graph, targets: list[OpTarget], float_inputs: Iterable[str] = ()) -> ModelRules:
         return OutputReaderRules(self, graph, targets)
