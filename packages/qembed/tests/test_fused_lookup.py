@@ -303,3 +303,15 @@ def test_v1_lookups_and_sparse_lookups_fuse_too(built, op_type, sparse):
             outputs.append(p.exe.run(p.main, feed={"word": word}, fetch_list=[p.out])[0])
     assert outputs[1].shape == outputs[0].shape
     np.testing.assert_array_equal(outputs[1], outputs[0])
+
+
+def test_a_fused_model_is_refused_by_the_onnx_export_in_one_line(built, rows_model, tmp_path):
+    pytest.importorskip("paddle2onnx")
+    from qcore.errors import ExportError
+    from qcore.export import export_onnx
+
+    directory, kwargs = rows_model
+    files, _ = quant_embedding_model(directory, tmp_path / "q", {"fused_lookup": True}, **kwargs)
+    with pytest.raises(ExportError, match="custom op .*qembed_lookup.*fused_lookup=False"):
+        export_onnx(files, tmp_path / "model.onnx")
+    assert not (tmp_path / "model.onnx").exists()

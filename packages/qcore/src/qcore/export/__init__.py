@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..custom_ops import PROVIDERS
 from ..errors import ConfigError, ExportError
 from ..graph import Graph, open_graph
 from ..graph.base import StoredWeight, Unquantized
@@ -84,6 +85,10 @@ def onnx_bytes(model: Model | ModelFiles | str | os.PathLike[str], *, activation
     if not isinstance(model, Model):
         model = load_model(model)
     graph = open_graph(model).clone()
+    custom = sorted({t for t in graph.op_types() for op in PROVIDERS if t.endswith(op)})
+    if custom:
+        raise ExportError(f"the model uses the custom op {custom[0]}, which paddle2onnx cannot convert; quantize it "
+                          "again without it for the ONNX runtimes (quant_embedding: fused_lookup=False)")
     taken = fold_batch_norms(graph, graph.unquantize())
     padded = unpad_code_lookups(graph)
     with tempfile.TemporaryDirectory(prefix="qcore-onnx-") as tmp:
