@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import links
+
 if TYPE_CHECKING:
     import onnx
 
@@ -62,11 +64,7 @@ def biases_into_convs(model: onnx.ModelProto) -> int:
 
     graph = model.graph
     initializers = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-    producers = {out: node for node in graph.node for out in node.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    producers, readers = links.producers(graph), links.readers(graph)
     outputs = {o.name for o in graph.output}
     removed = []
     for conv in [n for n in graph.node if n.op_type in ("Conv", "ConvTranspose")]:

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..errors import ConfigError, ExportError
 from ..groupwise import GroupCodes
+from . import links
 from .nbits_layout import INT8_ACTIVATIONS, MS_DOMAIN, matmul_nbits, nbits_arrays, packed
 
 #: The runtimes a table form is written for.
@@ -133,11 +134,7 @@ def replace_tables(model: Any, codes: dict[str, GroupCodes], runtime: str = "onn
         if opset < BLOCK_DQ_OPSET:
             raise ExportError(f"the OpenVINO form of a quantized table needs opset {BLOCK_DQ_OPSET} (DequantizeLinear "
                               f"block_size); the graph is opset {opset}: export it with float_onnx(files, opset=21)")
-    producers = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, list[Any]] = {}
-    for n in graph.node:
-        for i in n.input:
-            readers.setdefault(i, []).append(n)
+    producers, readers = links.producers(graph), links.readers(graph)
     replaced: dict[int, list[Any]] = {}  # id(node) -> the nodes written instead of it (empty: removed)
     front: list[Any] = []  # nodes computing a table that was an initializer
     new_inits: list[Any] = []

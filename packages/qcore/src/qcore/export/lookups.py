@@ -29,6 +29,7 @@ from ..graph import Graph, OpRef
 from ..groupwise import GroupCodes
 from ..optable import LOOKUP, seed_types
 from ..packing import unpack_fields
+from . import links
 from .gather_nbits import _check_runtime, gather_nbits
 from .nbits_layout import MS_DOMAIN
 
@@ -89,11 +90,7 @@ class _Graph:
         g = model.graph
         self.inits = {i.name: i for i in g.initializer}
         self.array = lambda name: numpy_helper.to_array(self.inits[name])
-        self.producer = {o: n for n in g.node for o in n.output}
-        self.readers: dict[str, list[Any]] = {}
-        for n in g.node:
-            for i in n.input:
-                self.readers.setdefault(i, []).append(n)
+        self.producer, self.readers = links.producers(g), links.readers(g)
 
     def source(self, name: str) -> str:
         """``name`` with the ``Identity`` nodes in front of it skipped."""

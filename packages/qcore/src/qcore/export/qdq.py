@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import ExportError
 from ..graph.base import ActivationGrid, StoredWeight, Unquantized
+from . import links
 
 if TYPE_CHECKING:
     import onnx
@@ -98,7 +99,7 @@ def write_qdq(model: onnx.ModelProto, taken: Unquantized, activation_type: str =
     elem = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8}[activation_type]
     graph = model.graph
     readers = _readers(graph)
-    producers = {out: node for node in graph.node for out in node.output}
+    producers = links.producers(graph)
     outputs = {o.name for o in graph.output}
     before: dict[int, list[onnx.NodeProto]] = defaultdict(list)  # new nodes to place before a node (by id)
     removed: set[int] = set()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from . import links
+
 if TYPE_CHECKING:
     import onnx
 
@@ -98,11 +100,7 @@ def identities_around_transposed_convs(model: onnx.ModelProto) -> int:
     ``Identity`` another node also reads stays for that node.
     """
     graph = model.graph
-    producers = {out: node for node in graph.node for out in node.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    producers, readers = links.producers(graph), links.readers(graph)
     outputs = {o.name for o in graph.output}
     bypassed, dropped = [], 0
     for conv in [n for n in graph.node if n.op_type == "ConvTranspose"]:
