@@ -14,7 +14,7 @@ The PTQ ``algo`` names are read off :mod:`qcore.thresholds`, where the algorithm
 
 from __future__ import annotations
 
-from .optable import FC, LOOKUP, activation_kinds, seed_types, weighted_kinds
+from .optable import FC, LOOKUP, RECURRENT, activation_kinds, seed_types, weighted_kinds
 from .thresholds import LAYERWISE_ALGOS, PTQ_ALGO_CHOICES
 
 # Op types quantized when a model is meant for TensorRT (config key ``for_tensorrt``).
@@ -70,6 +70,10 @@ QUANTIZABLE_LAYER_TYPES: tuple[str, ...] = ("Conv2D", "Linear", "Conv2DTranspose
 # holds q*'s layer-wise 'auto'.
 PTQ_ALGOS: tuple[str, ...] = tuple({"kl": "KL"}.get(a, a) for a in PTQ_ALGO_CHOICES if a not in LAYERWISE_ALGOS)
 
+# Not in the seeds: the op types whose weight a weight-only quantizer can store as int8 (quant_post_dynamic's
+# ``quantizable_op_type``, quant_embedding's ``weights``): the weighted ones above and Paddle 1.x's ``gru``.
+WEIGHT_ONLY_OP_TYPES: tuple[str, ...] = seed_types(*weighted_kinds(), RECURRENT)
+
 # quant_embedding: op types whose table can be quantized, and the quantize types.
 EMBEDDING_OP_TYPES: tuple[str, ...] = seed_types(LOOKUP, seed=True)
 EMBEDDING_QUANTIZE_TYPES: tuple[str, ...] = ("abs_max", "log")
@@ -87,5 +91,6 @@ __all__ = [
     "SUPPORTED_QUANTIZE_OP_TYPES",
     "TENSORRT_OP_TYPES",
     "TRANSFORM_PASS_OP_TYPES",
+    "WEIGHT_ONLY_OP_TYPES",
     "WEIGHT_QUANTIZE_TYPES",
 ]

@@ -43,6 +43,8 @@ LAYOUT = OpKind("layout")  # moves or selects values: concat, reshape, slice, in
 COMPARE = OpKind("compare")
 REDUCE = OpKind("reduce")
 NORM = OpKind("norm", quantizes_activations=False)  # batch norm: folded into the conv before it
+# A recurrent cell's weight ([hidden, gates * hidden], one column per gate unit): weight-only, never QDQ.
+RECURRENT = OpKind("recurrent", quantizes_activations=False, weight_channel_axis=1)
 
 #: Kinds whose weight sits in a convolution filter.
 CONV_KINDS = (CONV, DEPTHWISE, CONV_TRANSPOSE)
@@ -91,6 +93,7 @@ OP_TABLE: dict[str, OpSpec] = {
     "embedding_with_scaled_gradient": _same(LOOKUP, "embedding_with_scaled_gradient",
                                             weight_slot=("weight", "weight"), seed=False),
     "c_embedding": _same(LOOKUP, "c_embedding", weight_slot=("W", "weight"), seed=False),
+    "gru": _same(RECURRENT, "gru", weight_slot=("Weight", "weight"), seed=False),  # Paddle 1.x dynamic_gru
     "pool2d": _same(POOL, "pool2d"),
     "elementwise_add": _same(ELTWISE, "elementwise_add", "add"),
     "concat": _same(LAYOUT, "concat"),

@@ -11,7 +11,9 @@ Older form (flat keys, one table named by ``params_name``)::
 Flat per-table keys also act as defaults for every op type, so both forms mix. ``per_row``
 (False, True or "auto") is ours, not the seeds'; it defaults to False, the seeds' whole-table scale.
 ``fused_lookup`` (False, True or "auto") is ours too: read the tables with the compiled ``qembed_lookup``
-op (:mod:`qembed.ext`) instead of the op sequence; "auto" where it is built.
+op (:mod:`qembed.ext`) instead of the op sequence; "auto" where it is built. ``weights`` (ours) also stores
+the model's other weights weight-only (``{"weights": {"weight_bits": 8}}``: every fc / matmul / conv / gru
+weight as int8 per output channel, ``quant_post_dynamic``'s keys and meaning) in the same call.
 """
 
 from __future__ import annotations
@@ -24,14 +26,16 @@ from typing import Any, Union
 import numpy as np
 
 from qcore.config import short_repr, validate_bits, validate_choice, validate_names
-from qcore.constants import EMBEDDING_OP_TYPES, EMBEDDING_QUANTIZE_TYPES
+from qcore.constants import EMBEDDING_OP_TYPES, EMBEDDING_QUANTIZE_TYPES, WEIGHT_ONLY_OP_TYPES
 from qcore.errors import ConfigError, did_you_mean
 
 from .table import DEFAULT_MAX_ERROR
 
 PerRow = Union[bool, str]  # True, False or "auto"
 TABLE_KEYS = ("quantize_type", "quantize_bits", "dtype", "threshold", "per_row", "asymmetric", "max_error")
-TOP_KEYS = ("quantize_op_types", "params_name", "fused_lookup")
+TOP_KEYS = ("quantize_op_types", "params_name", "fused_lookup", "weights")
+WEIGHTS_KEYS = ("quantizable_op_type", "weight_bits")  # quant_post_dynamic's names
+WEIGHT_BITS = (8, 16)
 BITS_RANGE = (2, 8)  # codes are stored as int8 whatever the bit width
 DTYPES = ("int8",)
 PER_ROW_CHOICES = (False, True, "auto")
@@ -98,6 +102,32 @@ def _threshold(value: Any) -> float | None:
 
 
 @dataclass(frozen=True)
+class WeightsConfig:
+    """The ``weights`` key: which other ops' weights are stored weight-only, and in how many bits."""
+
+    op_types: tuple[str, ...] = WEIGHT_ONLY_OP_TYPES
+    bits: int = 8
+
+    @classmethod
+    def from_value(cls, value: Any) -> WeightsConfig | None:
+        """None (or False): tables only; True: the defaults; a dict of :data:`WEIGHTS_KEYS`."""
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls()
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"weights={short_repr(value)} is not valid; valid choices: None, True or a dict of "
+                              f"{', '.join(WEIGHTS_KEYS)}, e.g. {{'weight_bits': 8}}")
+        for key in value:
+            if key not in WEIGHTS_KEYS:
+                raise ConfigError(f"unknown key {short_repr(key)} in config['weights']"
+                                  f"{did_you_mean(str(key), WEIGHTS_KEYS)}; valid keys: {', '.join(WEIGHTS_KEYS)}")
+        op_types = validate_names("weights.quantizable_op_type", value.get("quantizable_op_type", cls.op_types),
+                                  WEIGHT_ONLY_OP_TYPES, allow_str=True)
+        return cls(op_types, validate_choice("weights.weight_bits", value.get("weight_bits", cls.bits), WEIGHT_BITS))
+
+
+@dataclass(frozen=True)
 class EmbeddingConfig:
     """The validated config: which op types, which tables (None: all) and how, per op type."""
 
@@ -105,6 +135,7 @@ class EmbeddingConfig:
     params_names: tuple[str, ...] | None
     tables: Mapping[str, TableConfig]
     fused_lookup: bool | str = False  # True: the compiled op (required), "auto": where it is built
+    weights: WeightsConfig | None = None  # the other weights, stored weight-only; None: tables only
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any] | None) -> EmbeddingConfig:
@@ -136,4 +167,4 @@ class EmbeddingConfig:
         if names is not None:
             names = validate_names("params_name", names, allow_str=True)
         fused = validate_choice("fused_lookup", config.get("fused_lookup", False), FUSED_CHOICES)
-        return cls(op_types, names, tables, fused)
+        return cls(op_types, names, tables, fused, WeightsConfig.from_value(config.get("weights")))

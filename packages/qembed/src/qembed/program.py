@@ -5,6 +5,8 @@ multiplies them by the scale (the per-row scales are looked up with the same ids
 ``fused_lookup``, is one ``qembed_lookup`` op (:mod:`qembed.ext`) doing all of that. Works on
 both of Paddle 3's program kinds through :mod:`qcore.graph`; measured on Paddle 3.3.1 CPU,
 the rewritten program runs in the executor and in ``paddle.inference`` (oneDNN on or off).
+With the config's ``weights`` the same call stores the other weights (fc, matmul, conv, gru) int8
+weight-only, through qcore's weight-only step (:meth:`qcore.deploy.Deployment.store_weights`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 import paddle
 
 from qcore.constants import EMBEDDING_OP_TYPES
+from qcore.deploy import Deployment
 from qcore.errors import DataError, GraphError, did_you_mean
 from qcore.graph import Graph, OpRef, open_graph
 from qcore.model_io import Model, ModelFiles, check_model_output, load_model
@@ -80,18 +83,20 @@ def quant_embedding(
     """Quantize the embedding tables of ``program`` (the seeds' API); returns the program.
 
     As in PaddleSlim the program is rewritten in place (pass ``program.clone()`` to keep the
-    original). The int8 codes and scales are added as new parameters; the float tables leave the
-    program and ``scope`` (default: the global scope), so every way of saving (``save_inference_model``,
-    ``save_persistables``, ``save_vars`` over the persistables) writes only the quantized ones.
+    original). The int8 codes and scales are added as new parameters; the float tables (and, with
+    ``weights``, the float weights) leave the program and ``scope`` (default: the global scope), so
+    every way of saving (``save_inference_model``, ``save_persistables``, ``save_vars`` over the
+    persistables) writes only the quantized ones.
     ``place`` is accepted for compatibility; tables are written on the CPU.
     """
     del place
     family = program_family(program)
     model = Model(program, [], [], scope or paddle.static.global_scope(), family)  # type: ignore[arg-type]
     graph = open_graph(model)
-    reports = quantize_tables(graph, config)
+    before = graph.param_names()
+    quantize_tables(graph, config)
     read = set(graph.param_names())
-    model.scope.erase([r.name for r in reports if r.name not in read])  # the float tables no op reads now
+    model.scope.erase([name for name in before if name not in read])  # the float tables (weights) no op reads now
     return program
 
 
@@ -168,6 +173,8 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> li
         op_types = tuple(sorted({o.seed_type or "" for o in ops}))
         lookup = WHOLE_TABLE if whole_table else FUSED if fused_op else OP_SEQUENCE
         reports.append(TableReport(name, op_types, shape, choice, whole_table, lookup))
+    if cfg.weights is not None:
+        Deployment().store_weights(graph, graph.ops(cfg.weights.op_types), cfg.weights.bits)
     return reports
 
 

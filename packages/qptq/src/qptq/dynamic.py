@@ -13,19 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from qcore.config import validate_choice, validate_names
-from qcore.constants import WEIGHT_QUANTIZE_TYPES
+from qcore.constants import WEIGHT_ONLY_OP_TYPES, WEIGHT_QUANTIZE_TYPES
 from qcore.deploy import Deployment
 from qcore.errors import ConfigError
 from qcore.graph import open_graph
 from qcore.model_io import ModelFiles, check_model_output, load_model
-from qcore.optable import seed_types, weighted_kinds
 
 from .naming import dynamic_output_names
 from .weight_only.config import WeightOnlyConfig
 from .weight_only.saved import quant_post_weight_only
-
-#: Every op type with a quantizable weight (conv, fc, ...; embedding tables are :mod:`qembed`'s).
-DYNAMIC_OP_TYPES = seed_types(*weighted_kinds())
 
 
 def quant_post_dynamic(
@@ -81,7 +77,7 @@ def quant_post_dynamic(
             f"weight_bits={weight_bits!r} is not supported; quant_post_dynamic stores int8 or int16 per channel: "
             "use 8 or 16 (or 4: int4 codes per group of input channels of matmul weights)"
         )
-    validate_names("quantizable_op_type", quantizable_op_type, DYNAMIC_OP_TYPES)
+    validate_names("quantizable_op_type", quantizable_op_type, WEIGHT_ONLY_OP_TYPES)
     validate_choice("weight_quantize_type", weight_quantize_type, WEIGHT_QUANTIZE_TYPES[:2])
     per_channel = weight_quantize_type == "channel_wise_abs_max"
     graph = open_graph(load_model(model_dir, model_filename, params_filename))
