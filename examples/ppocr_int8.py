@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from qcore.deploy.onnx_runtimes import ONNX_FILE
+from qcore.export import export_onnx
 from qcore.inference import create_predictor, run_predictor
 from qcore.model_io import find_model_files
 from qptq import quant_post_static
@@ -105,8 +106,9 @@ def quantize_ppocr(calibration: dict[str, Batches], runtime: str, out: Path, mod
     files = {}
     for role in roles:
         options = RECIPE.get((role, runtime), {})
-        if options is None:
-            files[role] = float_onnx(role)
+        if options is None:  # float: RapidOCR's file, or the user's model exported as it is
+            files[role] = float_onnx(role) if models is None else export_onnx(
+                source / MODELS[role][0], out / role / ONNX_FILE)
             continue
         target = out / role
         quant_post_static(None, str(source / MODELS[role][0]), str(target), deploy_backend=runtime,
