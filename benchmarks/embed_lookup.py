@@ -11,7 +11,7 @@ median latency of one batch in ``paddle.inference`` (qcore's default predictor: 
 on), every model's runs interleaved with the float model's in one loop, and the pooled output's error
 against float over 100 Zipf batches (relative L2 and cosine).
 
-    python benchmarks/embed_lookup.py [--rows 1000000] [--repeats 2000] [--fused auto|on|off]
+    python benchmarks/embed_lookup.py [--rows 1000000] [--repeats 2000] [--fused auto|on|off] [--onnx RUNTIMES]
 
 Writes ``benchmarks/results/embed_lookup.md`` (atomically).
 """
@@ -79,8 +79,34 @@ def save_float_model(table: np.ndarray, directory: Path, family: str) -> None:
         paddle.static.save_inference_model(str(directory / "inference"), [ids], [pooled], exe, program=main)
 
 
-def dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+def file_bytes(files) -> int:  # noqa: ANN001 - ModelFiles or an .onnx path
+    if isinstance(files, Path):
+        return files.stat().st_size
+    return sum(p.stat().st_size for p in files.directory.iterdir() if p.is_file())
+
+
+def scored(family: str, runtime: str, files: dict, predictors: dict, batches: np.ndarray, repeats: int
+           ) -> list[tuple]:
+    """Per model on one runtime: size, median latency of one batch (every model's runs interleaved with the float
+    model's), ratio to float, and the pooled output's error against float over ``batches``."""
+    from qcore.inference import run_predictor
+    from qcore.scoring import interleaved_latency
+
+    reference = [run_predictor(predictors["float"], {"ids": b})[0] for b in batches]
+    ms = interleaved_latency(predictors, {"ids": batches[0]}, repeats=repeats, warmup=20)
+    rows = []
+    for name, f in files.items():
+        got = [run_predictor(predictors[name], {"ids": b})[0] for b in batches]
+        ref, out = np.concatenate(reference).ravel(), np.concatenate(got).ravel()
+        rel = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+        per_sample = [np.sum(a * b, -1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+                      for a, b in zip(reference, got)]
+        cos = float(np.mean(np.concatenate(per_sample)))
+        size = file_bytes(f)
+        rows.append((family, runtime, name, size, ms[name], ms[name] / ms["float"], rel, cos))
+        print(family, runtime, name, f"{size / 2**20:.1f} MiB", f"{ms[name]:.3f} ms",
+              f"{ms[name] / ms['float']:.2f}x", f"rel {rel:.4f} cos {cos:.5f}", flush=True)
+    return rows
 
 
 def main() -> None:
@@ -89,14 +115,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2000, help="interleaved rounds (one run of every model)")
     parser.add_argument("--fused", choices=["auto", "on", "off"], default="auto",
                         help="also the schemes with the compiled lookup (auto: if python -m qembed.build_ext built it)")
+    parser.add_argument("--onnx", default="onnxruntime,openvino-runtime",
+                        help="also each scheme exported for these ONNX runtimes (comma list; empty: none)")
     args = parser.parse_args()
     variants = schemes(args.fused)
     import paddle
 
-    from qcore.inference import create_predictor, run_predictor
+    from qcore.export import export_onnx
+    from qcore.inference import create_predictor
     from qcore.model_io import find_model_files
     from qcore.outputs import write_bytes
-    from qcore.scoring import interleaved_latency
     from qembed import quant_embedding_model
 
     rng = np.random.default_rng(0)
@@ -115,38 +143,37 @@ def main() -> None:
                     continue
                 out, _ = quant_embedding_model(float_dir, Path(tmp) / family / name.replace(" ", "_"), config)
                 files[name] = out
-            predictors = {name: create_predictor(f) for name, f in files.items()}
-            reference = [run_predictor(predictors["float"], {"ids": b})[0] for b in batches]
-            ms = interleaved_latency(predictors, {"ids": batches[0]}, repeats=args.repeats, warmup=20)
-            for name, f in files.items():
-                got = [run_predictor(predictors[name], {"ids": b})[0] for b in batches]
-                ref, out = np.concatenate(reference).ravel(), np.concatenate(got).ravel()
-                rel = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
-                per_sample = [np.sum(a * b, -1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
-                              for a, b in zip(reference, got)]
-                cos = float(np.mean(np.concatenate(per_sample)))
-                size = dir_bytes(f.directory)
-                rows_out.append((family, name, size, ms[name], ms[name] / ms["float"], rel, cos))
-                print(family, name, f"{size / 2**20:.1f} MiB", f"{ms[name]:.3f} ms",
-                      f"{ms[name] / ms['float']:.2f}x", f"rel {rel:.4f} cos {cos:.5f}", flush=True)
-    float_size = {fam: s for fam, n, s, *_ in rows_out if n == "float"}
+            rows_out += scored(family, "paddle.inference", files, {n: create_predictor(f) for n, f in files.items()},
+                               batches, args.repeats)
+            for runtime in args.onnx.split(",") if args.onnx else []:  # the same tables in the runtime's form
+                onnx_files = {n: export_onnx(f, Path(tmp) / family / f"{n.replace(' ', '_')}.{runtime}.onnx",
+                                             runtime=runtime)
+                              for n, f in files.items() if not n.endswith("fused")}
+                rows_out += scored(family, runtime, onnx_files,
+                                   {n: create_predictor(f, backend=runtime) for n, f in onnx_files.items()},
+                                   batches, args.repeats)
+    float_size = {(fam, rt): s for fam, rt, n, s, *_ in rows_out if n == "float"}
     lines = [
-        "# Packed embedding tables: size, lookup latency, output error (paddle.inference)",
+        "# Packed embedding tables: size, lookup latency, output error (paddle.inference, ONNX Runtime, OpenVINO)",
         "",
         f"Table: {args.rows:,} x {DIM} fp32, rows of log-normal norm; ids Zipf(1.1) over the rows, batch {BATCH} "
         f"x {BAG} ids, mean-pooled. Model `ids -> embedding -> mean`, saved as PIR and as legacy, quantized by "
         f"`quant_embedding_model`. Latency: median of {args.repeats} interleaved runs of one batch per model "
-        "(qcore's default predictor: oneDNN with the int8 switch, 2 threads). Error: pooled outputs against float "
+        "(paddle.inference: qcore's default predictor, oneDNN with the int8 switch, 2 threads; the ONNX runtimes: "
+        "each model exported by `qcore.export.export_onnx(..., runtime=...)`, tables in that runtime's quantized "
+        "form, interleaved with the float export on the same runtime, 2 threads, OpenVINO at its default "
+        "precision). Error: pooled outputs against float "
         f"over 100 Zipf batches. `, fused`: the compiled `qembed_lookup` op (built with -O3 -march=native on this "
         f"machine) does lookup, dequantization and the mean in one op. Machine: {describe_cpu()}, Paddle "
         f"{paddle.__version__}. Produced by `benchmarks/embed_lookup.py`.",
         "",
-        "| IR | scheme | MiB on disk | x float | latency (ms) | x float lookup | output rel. L2 | output cosine |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| IR | runtime | scheme | MiB on disk | x float | latency (ms) | x float lookup | output rel. L2 | "
+        "output cosine |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for family, name, size, ms_, ratio, rel, cos in rows_out:
-        lines.append(f"| {family} | {name} | {size / 2**20:.1f} | {size / float_size[family]:.3f} | {ms_:.3f} | "
-                     f"{ratio:.2f} | {rel:.4f} | {cos:.5f} |")
+    for family, runtime, name, size, ms_, ratio, rel, cos in rows_out:
+        lines.append(f"| {family} | {runtime} | {name} | {size / 2**20:.1f} | "
+                     f"{size / float_size[family, runtime]:.3f} | {ms_:.3f} | {ratio:.2f} | {rel:.4f} | {cos:.5f} |")
     RESULTS.mkdir(exist_ok=True)
     write_bytes(RESULTS / "embed_lookup.md", ("\n".join(lines) + "\n").encode())
     print("\n".join(lines))
