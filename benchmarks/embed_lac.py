@@ -4,7 +4,8 @@ Its ``word_emb`` table (58,224 x 128 fp32, 29.8 MB) is 93% of the model. The mod
 ``qcore.model_io.load_model`` and run here: LAC's own Python code imports ``paddle.fluid`` and does not
 run on Paddle 3, so it is never imported; only its model files and dictionaries are read.
 
-Per scheme (float, int8 abs_max with one scale and per-row scales, int8 log, int4), the table is
+Per scheme (float, int8 abs_max with one scale and per-row scales, int8 log, int4; "+ int8 weights": the
+config's ``weights`` key also stores the GRU and fc weights int8 in the same call), the table is
 quantized through the program API (``qembed.quant_embedding`` on the loaded program), the program is
 saved by every route Paddle offers for it (whole directory sizes), and ``qembed.quant_embedding_model``
 quantizes the saved model directly. The task metric is segmentation F1 (and word + POS tag F1) of the
@@ -48,6 +49,11 @@ VARIANTS = {  # name -> quant_embedding config; None: the float model
     "int4 abs_max, per-row, searched, symmetric (packed)": {"quantize_bits": 4, "per_row": True, "asymmetric": False},
     "int4 abs_max, per-row, searched, offsets (packed)": {"quantize_bits": 4, "per_row": True, "asymmetric": True},
     "int2 abs_max, per-row, searched, offsets (packed)": {"quantize_bits": 2, "per_row": True, "asymmetric": True},
+    "int8 abs_max, per-row + int8 weights (weights key)": {"per_row": True, "weights": {"weight_bits": 8}},
+    "int4 abs_max, per-row, searched, symmetric (packed) + int8 weights": {
+        "quantize_bits": 4, "per_row": True, "asymmetric": False, "weights": {"weight_bits": 8}},
+    "int4 abs_max, per-row, searched, offsets (packed) + int8 weights": {
+        "quantize_bits": 4, "per_row": True, "asymmetric": True, "weights": {"weight_bits": 8}},
     "quantize_bits='auto' (default budget 0.02)": {"quantize_bits": "auto", "per_row": "auto"},
     "quantize_bits='auto', max_error 0.1": {"quantize_bits": "auto", "per_row": "auto", "max_error": 0.1},
 }
