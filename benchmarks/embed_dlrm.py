@@ -18,15 +18,19 @@ float's, and the AUC of the float model's own top-decile labels (the float model
 
     python benchmarks/embed_dlrm.py [--quick] [--repeats 200] [--fused auto|on|off] [--out FILE]
 
-``--quick`` divides every table's rows by 100 and runs a few repeats: a check that it works, not a result.
+Building, each quantization and each IR's predictors run in a process of their own, so memory stays near
+what one step needs (Paddle keeps what a loaded model took until its process ends). ``--quick`` divides
+every table's rows by 100 and runs a few repeats: a check that it works, not a result.
 Writes ``benchmarks/results/embed_dlrm.md`` (atomically; ``--quick`` writes ``--out`` only if given).
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import tempfile
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -188,8 +192,6 @@ def save_float_models(feats: list[tuple[int, int, bool]], root: Path) -> dict[st
     paddle.jit.save(net, str(dirs["pir"] / "inference"), input_spec=spec)
     with paddle.pir_utils.OldIrGuard():
         paddle.jit.save(net, str(dirs["legacy"] / "inference"), input_spec=spec)
-    del net
-    gc.collect()
     return dirs
 
 
@@ -215,6 +217,42 @@ def chosen_bits(reports: list[Any]) -> str:
     return ", ".join(f"{k} x {n}" for k, n in sorted(counts.items()))
 
 
+def in_child(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a fresh process: Paddle keeps what a loaded model or a predictor took, so each heavy step
+    (building, each quantization, one IR's predictors) gives its memory back when it ends."""
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def quantize(float_dir: Path, out_dir: Path, config: dict[str, Any]) -> tuple[Any, str]:
+    """One ``quant_embedding_model`` call; its files and how the tables were stored and read."""
+    from qembed import quant_embedding_model
+
+    files, reports = quant_embedding_model(float_dir, out_dir, config)
+    return files, f"{chosen_bits(reports)}; {reports[0].lookup}"
+
+
+def measure(files: dict[str, Any], scored: dict[str, np.ndarray], timed: dict[int, dict[str, np.ndarray]],
+            repeats: int) -> tuple[list[dict[str, Any]], np.ndarray]:
+    """Every model's predictor at once: CTRs on ``scored``, interleaved latency per batch size; the float CTR's
+    5th / 50th / 95th percentiles."""
+    from qcore.inference import create_predictor, run_predictor
+    from qcore.scoring import interleaved_latency
+
+    predictors = {name: create_predictor(f, threads=2) for name, f in files.items()}
+    ctr = {name: np.concatenate([run_predictor(p, {k: v[i : i + 512] for k, v in scored.items()})[0]
+                                 for i in range(0, len(scored["dense"]), 512)]).ravel()
+           for name, p in predictors.items()}
+    labels = ctr["float"] >= np.quantile(ctr["float"], 0.9)
+    ms = {b: interleaved_latency(predictors, timed[b], repeats=repeats if b < 512 else max(repeats // 4, 3), warmup=3)
+          for b in BATCHES}
+    rows = [{"name": name, "bytes": dir_bytes(f.directory), "ms": {b: ms[b][name] for b in BATCHES},
+             "x": {b: ms[b][name] / ms[b]["float"] for b in BATCHES},
+             "mad": float(np.mean(np.abs(ctr[name] - ctr["float"]))), "auc": auc(labels, ctr[name])}
+            for name, f in files.items()]
+    return rows, np.percentile(ctr["float"], [5, 50, 95])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tables 100x smaller, 3 repeats: a check, not a result")
@@ -228,11 +266,8 @@ def main() -> None:
     todo = variants(args.fused)
     import paddle
 
-    from qcore.inference import create_predictor, run_predictor
     from qcore.model_io import find_model_files
     from qcore.outputs import write_bytes
-    from qcore.scoring import interleaved_latency
-    from qembed import quant_embedding_model
 
     feats = features(args.quick)
     rng = np.random.default_rng(1)
@@ -240,35 +275,19 @@ def main() -> None:
     timed = {b: make_feed(feats, b, rng) for b in BATCHES}
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        float_dirs = save_float_models(feats, Path(tmp))
+        float_dirs = in_child(save_float_models, feats, Path(tmp))
         for family, float_dir in float_dirs.items():
-            files, forms = {}, {}
+            files, forms = {"float": find_model_files(float_dir)}, {"float": "float"}
             for name, config in todo.items():
-                if config is None:
-                    files[name], forms[name] = find_model_files(float_dir), "float"
-                    continue
-                out, reports = quant_embedding_model(float_dir, Path(tmp) / family / name.replace(" ", "_"), config)
-                files[name] = out
-                forms[name] = f"{chosen_bits(reports)}; {reports[0].lookup}"
-            predictors = {name: create_predictor(f, threads=2) for name, f in files.items()}
-            ctr = {name: np.concatenate([run_predictor(p, {k: v[i : i + 512] for k, v in scored.items()})[0]
-                                         for i in range(0, len(scored["dense"]), 512)]).ravel()
-                   for name, p in predictors.items()}
-            labels = ctr["float"] >= np.quantile(ctr["float"], 0.9)
-            ms = {b: interleaved_latency(predictors, timed[b], repeats=repeats if b < 512 else max(repeats // 4, 3),
-                                         warmup=3) for b in BATCHES}
-            for name, f in files.items():
-                results.append({
-                    "family": family, "name": name, "bytes": dir_bytes(f.directory), "form": forms[name],
-                    "ms": {b: ms[b][name] for b in BATCHES}, "x": {b: ms[b][name] / ms[b]["float"] for b in BATCHES},
-                    "mad": float(np.mean(np.abs(ctr[name] - ctr["float"]))), "auc": auc(labels, ctr[name]),
-                })
-                r = results[-1]
-                print(family, name, f"{r['bytes'] / 2**20:.1f} MiB", {b: f"{r['x'][b]:.2f}x" for b in BATCHES},
+                if config is not None:
+                    out = Path(tmp) / family / name.replace(" ", "_")
+                    files[name], forms[name] = in_child(quantize, float_dir, out, config)
+            family_results, ctr_spread = in_child(measure, files, scored, timed, repeats)
+            for r in family_results:
+                r.update(family=family, form=forms[r["name"]])
+                print(family, r["name"], f"{r['bytes'] / 2**20:.1f} MiB", {b: f"{r['x'][b]:.2f}x" for b in BATCHES},
                       f"MAD {r['mad']:.2e} AUC {r['auc']:.4f}", r["form"], flush=True)
-            ctr_spread = np.percentile(ctr["float"], [5, 50, 95])
-            del predictors
-            gc.collect()
+            results += family_results
     float_bytes = {r["family"]: r["bytes"] for r in results if r["name"] == "float"}
     table_bytes = sum(rows * width * 4 for rows, width, _ in feats)
     lines = [
