@@ -13,8 +13,10 @@ from qcore.errors import ConfigError, DataError
 from qcore.observers import HistogramObserver
 from qcore.thresholds import (
     ALGOS,
+    KL_ERROR_GUARD,
     _expected_error,
     _kl_divergence,
+    _kl_edge,
     search_threshold,
     thresholds_all_algos,
 )
@@ -99,12 +101,40 @@ def test_kl_matches_reference(name, bits):
     assert i.tolist() == list(range(2 ** (bits - 1), 385))
     np.testing.assert_array_equal(np.isinf(kl), np.isinf(ref))
     np.testing.assert_allclose(kl[np.isfinite(ref)], ref[np.isfinite(ref)], rtol=1e-7, atol=1e-12)
-    chosen = round(search_threshold("kl", (counts, width), bits) / width)
+    chosen = round(_kl_edge(counts.astype(np.float64), width, bits) / width)
     # only thresholds from half the observed range (as in Paddle's KL calibration) up to the abs max
     used = int(np.flatnonzero(counts)[-1]) + 1
     allowed = ref[max(used // 2, 2 ** (bits - 1)) - 2 ** (bits - 1) : used - 2 ** (bits - 1) + 1]
     assert used // 2 <= chosen <= used
     assert ref[chosen - 2 ** (bits - 1)] <= allowed.min() * (1 + 1e-9)  # exact ties exist, e.g. over empty bins
+
+
+def test_kl_guard_takes_the_least_error_edge_where_kl_costs_more_than_twice_it():
+    # 2 bits: codes -1, 0, 1 (step t); bins of width 1, values uniform within a bin; one value in [1, 2),
+    # two in [2, 3), four in [3, 4)
+    counts = np.array([0.0, 1, 2, 4])
+    np.testing.assert_allclose(ref_kl_curve(counts, 2), [0.0, 0.28303, 0.04854], atol=1e-5)  # KL: clip at 2
+    assert _kl_edge(counts, 1.0, 2) == 2.0
+    # E(x - q(x))**2 * 7 by hand, bin by bin ([1,2), [2,3) twice, [3,4) four times):
+    # t=2: 1/3 (to 2) + 2 * 1/3 (clipped to 2) + 4 * 7/3 (clipped to 2: int_1^2 u^2) = 31/3
+    # t=3: 19/12 (to 0 below 1.5, to 3 above) + 2 * 1/3 (to 3) + 4 * 1/3 (clipped to 3) = 43/12
+    # t=4: 7/3 (to 0) + 2 * 7/3 (to 4) + 4 * 1/3 (to 4) = 25/3
+    errors = _expected_error(counts, 1.0, 2, 2)
+    np.testing.assert_allclose(errors[1:] * 7, [31 / 3, 43 / 12, 25 / 3])
+    assert errors[1] > KL_ERROR_GUARD * errors[2]  # 124 / 43 = 2.9 times the least error
+    assert search_threshold("kl", (counts, 1.0), 2) == 3.0 == search_threshold("mse", (counts, 1.0), 2)
+
+
+def test_kl_stands_within_twice_the_least_error():
+    counts = np.array([0.0, 1, 2, 1])  # as above with one value in [3, 4)
+    kl = ref_kl_curve(counts, 2)
+    assert kl[0] == 0.0 < min(kl[1:])  # KL clips at 2
+    # t=2: (1/3 + 2 * 1/3 + 7/3) / 4 = 10/12; t=3: (19/12 + 2 * 1/3 + 1/3) / 4 = 31/48: 1.29 times the least
+    errors = _expected_error(counts, 1.0, 2, 2)
+    np.testing.assert_allclose(errors[1:3], [10 / 12, 31 / 48])
+    assert errors[2] == errors.min()
+    assert search_threshold("kl", (counts, 1.0), 2) == 2.0
+    assert search_threshold("mse", (counts, 1.0), 2) == 3.0
 
 
 def test_kl_never_goes_past_the_abs_max():
