@@ -33,12 +33,14 @@ MODELS = {
     "rec": ("ch_PP-OCRv4_rec_infer", "ch_PP-OCRv4_rec_infer.onnx", ("text_rec", "session")),
 }
 Batches = list[dict[str, np.ndarray]]
-#: (role, runtime) -> quant_post_static options where int8 of every conv costs time at batch 1 (docs/ppocr.md):
+#: (role, runtime) -> quant_post_static options where int8 everywhere costs time or accuracy (docs/ppocr.md):
 #: cls's depthwise convs run slower in int8 than in float on ONNX Runtime (Q/DQ and layout transposes around small
-#: convs); on the OpenVINO runtime cls in int8 is slower than float however placed, so it stays float (None).
+#: convs); on the OpenVINO runtime cls in int8 is slower than float however placed, so it stays float (None), and
+#: rec's depthwise convs stay float (int8 inputs there cost 5 points of page accuracy, 1.7 with them float).
 RECIPE: dict[tuple[str, str], dict[str, Any] | None] = {
     ("cls", "onnxruntime"): {"quantizable_op_type": ["conv2d", "mul"]},
     ("cls", "openvino-runtime"): None,
+    ("rec", "openvino-runtime"): {"quantizable_op_type": ["conv2d", "mul"]},
 }
 
 
