@@ -40,7 +40,7 @@ PYTEST = ("pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWa
 
 
 #: Packages whose tests export to ONNX and run the ONNX runtimes: their sessions take qcore's [onnx] extra.
-WITH_ONNX = {"qcore", "qptq", "qqat", "qcli"}
+WITH_ONNX = {"qcore", "qptq", "qqat", "qembed", "qcli"}
 
 
 def _install_local(session: nox.Session, *names: str, onnx: bool = False) -> None:
