@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from embed_lookup import with_fused  # the benchmarks folder, the script's own
 
 from qcore.deploy.host import describe_cpu
 
@@ -61,18 +62,6 @@ TARGETS = {  # issue 42 at batch 64: (latency x float, bytes x float, CTR MAD), 
     "int4 tables": (None, 0.16, 3e-3),
 }
 LOGIT_MEAN, LOGIT_STD = -1.2, 1.2
-
-
-def variants(fused: str) -> dict[str, dict[str, Any] | None]:
-    """VARIANTS, each quantized one also read by the compiled lookup when ``fused`` is "on", or "auto" and built."""
-    from qembed import ext
-
-    if fused == "on":
-        ext.require()
-    elif fused == "off" or not ext.load():
-        return dict(VARIANTS)
-    return {**VARIANTS, **{f"{name}, fused": {**config, "fused_lookup": True}
-                           for name, config in VARIANTS.items() if config is not None}}
 
 
 def features(quick: bool) -> list[tuple[int, int, bool]]:
@@ -263,7 +252,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="results file (default: results/embed_dlrm.md)")
     args = parser.parse_args()
     repeats = 3 if args.quick else args.repeats
-    todo = variants(args.fused)
+    todo = with_fused(VARIANTS, args.fused)
     import paddle
 
     from qcore.model_io import find_model_files

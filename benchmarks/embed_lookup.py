@@ -37,16 +37,17 @@ SCHEMES = {  # name -> quant_embedding config; None: the float model
 }
 
 
-def schemes(fused: str) -> dict[str, dict | None]:
-    """SCHEMES, each also read by the compiled lookup when ``fused`` is "on", or "auto" and it is built."""
+def with_fused(configs: dict[str, dict | None], fused: str) -> dict[str, dict | None]:
+    """``configs`` (name -> quant_embedding config, None: float), each quantized one also read by the compiled
+    lookup when ``fused`` is "on", or "auto" and it is built."""
     from qembed import ext
 
     if fused == "on":
         ext.require()
     elif fused == "off" or not ext.load():
-        return dict(SCHEMES)
-    return {**SCHEMES, **{f"{name}, fused": {**config, "fused_lookup": True}
-                          for name, config in SCHEMES.items() if config is not None}}
+        return dict(configs)
+    return {**configs, **{f"{name}, fused": {**config, "fused_lookup": True}
+                          for name, config in configs.items() if config is not None}}
 
 
 def recommender_table(rows: int, rng: np.random.Generator) -> np.ndarray:
@@ -118,7 +119,7 @@ def main() -> None:
     parser.add_argument("--onnx", default="onnxruntime,openvino-runtime",
                         help="also each scheme exported for these ONNX runtimes (comma list; empty: none)")
     args = parser.parse_args()
-    variants = schemes(args.fused)
+    variants = with_fused(SCHEMES, args.fused)
     import paddle
 
     from qcore.export import export_onnx
