@@ -63,6 +63,7 @@ def test_random_dicts_and_non_dicts(config):
     ({"threshold": float("inf")}, "threshold=inf is not valid; valid choices: None or a finite number > 0"),
     ({"threshold": "0.5"}, "threshold='0.5'"),
     (["quantize_op_types"], "the quant_embedding config must be a dict, got list"),
+    ({"scale_dtype": "fp16"}, "scale_dtype='fp16' is not valid; valid choices: 'float32', 'float16'"),
 ])
 def test_bad_values_give_one_line_naming_key_value_and_fix(config, message):
     with pytest.raises(ConfigError) as err:
@@ -76,3 +77,6 @@ def test_values_are_normalised():
     table = cfg.tables["lookup_table"]
     assert cfg.op_types == ("lookup_table",) and cfg.params_names == ("emb",)
     assert type(table.threshold) is float and type(table.quantize_bits) is int and table.threshold == 0.5
+    assert table.scale_dtype == "float32"  # the default: today's format
+    half = EmbeddingConfig.from_dict({"lookup_table": {"scale_dtype": "float16"}}).tables["lookup_table"]
+    assert half.scale_dtype == "float16"

@@ -29,9 +29,12 @@ SCHEMES = {
     "log4-packed": {"quantize_type": "log", "quantize_bits": 4, "per_row": True},
     "log8": {"quantize_type": "log", "per_row": True},
 }
+HALF = {"scale_dtype": "float16"}  # per-row scales (and offsets) stored float16
+SCHEMES |= {f"{name}-fp16": {**SCHEMES[name], **HALF} for name in (
+    "int8-one-scale", "int8-per-row", "int4-packed", "int4-offsets-packed", "int2-offsets-packed", "log8")}
 # Log values: the op's come from a table computed in float64 and rounded, as the packed sequence's do; the unpacked
 # sequence computes exp in float32 (a few float32 steps off), numpy multiplies by the scale in float64 (one step).
-LOG = ("log4-packed", "log8")
+LOG = ("log4-packed", "log8", "log8-fp16")
 
 
 class Rows(paddle.nn.Layer):
@@ -120,7 +123,7 @@ def test_fused_equals_the_op_sequence_and_the_numpy_rows(built, rows_model, ids,
     sequence = load_model(seq_files).run({"ids": ids})[0]
     for got in (load_model(files).run({"ids": ids})[0], predict(files, {"ids": ids})[0]):
         assert got.shape == (len(ids), BAG, DIM)
-        if scheme == "log8":
+        if scheme.startswith("log8"):
             np.testing.assert_allclose(got, sequence, rtol=1e-6, atol=0)
         else:
             np.testing.assert_array_equal(got, sequence)
@@ -145,12 +148,14 @@ def _op_inputs(q, bits: int) -> list:
 
 
 @pytest.mark.parametrize("pooling", ["sum", "mean", "sqrt_mean"])
-@pytest.mark.parametrize("bits,per_row,asymmetric", [(8, False, False), (8, True, False), (4, True, False),
-                                                      (4, True, True), (2, True, True)])
-def test_pooled_bags_equal_numpy_sums_in_id_order(built, table, ids, pooling, bits, per_row, asymmetric):
+@pytest.mark.parametrize("bits,per_row,asymmetric,scale_dtype", [
+    (8, False, False, "float32"), (8, True, False, "float32"), (4, True, False, "float32"), (4, True, True, "float32"),
+    (2, True, True, "float32"), (8, True, False, "float16"), (4, True, True, "float16"), (2, True, True, "float16")])
+def test_pooled_bags_equal_numpy_sums_in_id_order(built, table, ids, pooling, bits, per_row, asymmetric, scale_dtype):
     """Padding ids are left out of the bag (and of the mean's count); an empty bag pools to zeros."""
     paddle.disable_static()
-    q = choose_table_quantization(table, "abs_max", bits, per_row, None, asymmetric).table
+    q = choose_table_quantization(table, "abs_max", bits, per_row, None, asymmetric, scale_dtype=scale_dtype).table
+    assert q.scales.dtype == scale_dtype or not per_row
     codes, scale, offset, values, packed = _op_inputs(q, bits)
     (got,) = paddle._C_ops._run_custom_op(ext.OP_TYPE, paddle.to_tensor(ids), codes, scale, offset, values, DIM,
                                           packed, pooling, 0)

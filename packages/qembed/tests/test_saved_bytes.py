@@ -29,6 +29,11 @@ SCHEMES = {  # name -> (config, bytes of the stored tensors: codes + scales (+ o
     "int2 per-row asymmetric": ({"quantize_bits": 2, "per_row": True, "asymmetric": True},
                                 CODES_BYTES // 4 + 8 * VOCAB + 256 * 4 * 4,
                                 ["emb.packed", "emb@byte_values", "emb@offset", "emb@scale"]),
+    # scale_dtype float16: 2 bytes a scale (and offset) instead of 4
+    "abs_max per-row fp16": ({"per_row": True, "scale_dtype": "float16"}, CODES_BYTES + 2 * VOCAB, INT8),
+    "int2 per-row asymmetric fp16": ({"quantize_bits": 2, "per_row": True, "asymmetric": True,
+                                      "scale_dtype": "float16"}, CODES_BYTES // 4 + 4 * VOCAB + 256 * 4 * 4,
+                                     ["emb.packed", "emb@byte_values", "emb@offset", "emb@scale"]),
 }
 CASES = [(family, route) for family, routes in SAVE_ROUTES.items() for route in routes]
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -168,3 +169,94 @@ def test_npy_table_four_times_the_memory_budget_stays_bounded(tmp_path):
     budget_kib = rows * dim * 4 // 1024 // 4
     assert 0 < after - before < budget_kib, (before, after, budget_kib)  # > 0: the measure is live
     assert (tmp_path / "q.npy").stat().st_size < rows * dim * 1.01
+
+
+# ---- scale_dtype="float16": per-row scales and offsets stored in 2 bytes -----------------------------------
+@pytest.mark.parametrize("quantize_type,bits", [("abs_max", 8), ("abs_max", 6), ("log", 8)])
+def test_float16_scales_are_rounded_up_and_the_codes_use_them(table, quantize_type, bits):
+    full = quantize_table(table, quantize_type, bits, per_row=True)
+    half = quantize_table(table, quantize_type, bits, per_row=True, scale_dtype="float16")
+    assert half.scales.dtype == np.float16 and half.scale_dtype == "float16" and full.scale_dtype == "float32"
+    widened = half.scales.astype(np.float32)
+    assert (widened >= full.scales).all() and (widened <= full.scales * (1 + 2.0**-10)).all()
+    assert (widened > full.scales).any()  # rounding happened, so the codes below are not the float32 ones
+    if quantize_type == "abs_max":  # codes computed against the float16 scale: no code leaves +-qmax
+        np.testing.assert_array_equal(half.codes, np.rint(table / widened[:, None]))
+        assert np.abs(half.codes).max() <= qmax(bits)
+        np.testing.assert_array_equal(half.rows([3, 0]), half.codes[[3, 0]] * widened[[3, 0], None])
+    assert half.stored_bytes == full.stored_bytes - 2 * len(table)
+    assert relative_error_of(table, half) < 1.01 * relative_error_of(table, full)
+
+
+def relative_error_of(table, q) -> float:
+    return float(np.linalg.norm(q.dequantize() - table) / np.linalg.norm(table))
+
+
+@pytest.mark.parametrize("bits,asymmetric", [(4, False), (4, True), (2, True)])
+def test_float16_few_bit_rows_with_offsets(table, bits, asymmetric):
+    full = choose_table_quantization(table, "abs_max", bits, True, None, asymmetric).table
+    half = choose_table_quantization(table, "abs_max", bits, True, None, asymmetric, scale_dtype="float16").table
+    assert half.scales.dtype == np.float16 and (half.offsets is None or half.offsets.dtype == np.float16)
+    assert (half.offsets is None) == (not asymmetric)
+    ids = np.array([[5, 0], [999, 17]])
+    codes = half.codes[ids].astype(np.float32)
+    expected = codes * half.scales[ids].astype(np.float32)[..., None]
+    if asymmetric:
+        expected += half.offsets[ids].astype(np.float32)[..., None]
+    np.testing.assert_array_equal(half.rows(ids), expected)
+    assert half.stored_bytes == full.stored_bytes - (4 if asymmetric else 2) * len(table)
+    assert relative_error_of(table, half) < 1.02 * relative_error_of(table, full)
+
+
+def test_float16_whole_table_scale_stays_float32(table):
+    q = quantize_table(table, bits=8, per_row=False, scale_dtype="float16")
+    np.testing.assert_array_equal(q.codes, quantize_table(table, bits=8).codes)
+    assert q.scales.dtype == np.float32 and q.stored_bytes == table.size + 4
+
+
+def test_float16_scale_limits(table):
+    tiny = table.copy()
+    tiny[4] *= 1e-6  # its scale is below float16's smallest normal (6.1e-5): a subnormal, rounded up
+    q = quantize_table(tiny, bits=8, per_row=True, scale_dtype="float16")
+    assert 0 < q.scales[4] < np.finfo(np.float16).tiny and np.abs(q.codes[4]).max() <= 127
+    np.testing.assert_allclose(q.rows([4])[0], tiny[4], atol=float(q.scales[4]) / 2 + 1e-12)
+    huge = table.copy()
+    huge[7, 3] = 127 * 70000.0  # scale 70000 > 65504
+    with pytest.raises(DataError, match=r"per-row scale of 70000, beyond float16's 65504; use scale_dtype='float32'"):
+        quantize_table(huge, bits=8, per_row=True, scale_dtype="float16")
+    with pytest.raises(ConfigError, match="scale_dtype='bf16' is not valid"):
+        quantize_table(table, per_row=True, scale_dtype="bf16")
+
+
+@pytest.mark.parametrize("bits,per_row", [(8, True), (4, True), (8, False)])
+def test_npy_float16_scales(table, tmp_path, bits, per_row):
+    np.save(tmp_path / "t.npy", table)
+    q = quantize_npy(tmp_path / "t.npy", tmp_path / "q.npy", bits=bits, per_row=per_row, chunk_rows=100,
+                     scale_dtype="float16")
+    whole = quantize_table(table, bits=bits, per_row=per_row, scale_dtype="float16")
+    meta = json.loads((tmp_path / "q.qembed.json").read_text())
+    scales = np.load(tmp_path / "q.scales.npy")
+    if per_row:  # the json says so; a whole-table scale is one float32, as without the option
+        assert meta["scale_dtype"] == "float16" and scales.dtype == np.float16
+        assert (tmp_path / "q.scales.npy").stat().st_size == 128 + 2 * len(table)
+    else:
+        assert "scale_dtype" not in meta and scales.dtype == np.float32
+    np.testing.assert_array_equal(q.scales, whole.scales)
+    np.testing.assert_array_equal(load_quantized_npy(tmp_path / "q.npy").dequantize(), whole.dequantize())
+    if per_row:  # a scales file that does not match its json is refused
+        np.save(tmp_path / "q.scales.npy", scales.astype(np.float32))
+        with pytest.raises(DataError, match="needs float16"):
+            load_quantized_npy(tmp_path / "q.npy")
+
+
+def test_npy_files_without_scale_dtype_still_load(table, tmp_path):
+    """Tables written before the option: their json has no scale_dtype, their scales are float32."""
+    np.save(tmp_path / "t.npy", table)
+    quantize_npy(tmp_path / "t.npy", tmp_path / "q.npy", bits=8, per_row=True)
+    meta = json.loads((tmp_path / "q.qembed.json").read_text())
+    assert "scale_dtype" not in meta
+    np.testing.assert_array_equal(load_quantized_npy(tmp_path / "q.npy").dequantize(),
+                                  quantize_table(table, bits=8, per_row=True).dequantize())
+    (tmp_path / "q.qembed.json").write_text(json.dumps({**meta, "scale_dtype": "int8"}))
+    with pytest.raises(DataError, match="scale_dtype='int8' is not valid"):
+        load_quantized_npy(tmp_path / "q.npy")

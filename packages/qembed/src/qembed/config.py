@@ -10,6 +10,7 @@ Older form (flat keys, one table named by ``params_name``)::
 
 Flat per-table keys also act as defaults for every op type, so both forms mix. ``per_row``
 (False, True or "auto") is ours, not the seeds'; it defaults to False, the seeds' whole-table scale.
+``scale_dtype`` ("float32" or "float16", ours) is how per-row scales and offsets are stored.
 ``fused_lookup`` (False, True or "auto") is ours too: read the tables with the compiled ``qembed_lookup``
 op (:mod:`qembed.ext`) instead of the op sequence; "auto" where it is built. ``weights`` (ours) also stores
 the model's other weights weight-only (``{"weights": {"weight_bits": 8}}``: every fc / matmul / conv / gru
@@ -29,10 +30,11 @@ from qcore.config import short_repr, validate_bits, validate_choice, validate_na
 from qcore.constants import EMBEDDING_OP_TYPES, EMBEDDING_QUANTIZE_TYPES, WEIGHT_ONLY_OP_TYPES
 from qcore.errors import ConfigError, did_you_mean
 
-from .table import DEFAULT_MAX_ERROR
+from .table import DEFAULT_MAX_ERROR, SCALE_DTYPES
 
 PerRow = Union[bool, str]  # True, False or "auto"
-TABLE_KEYS = ("quantize_type", "quantize_bits", "dtype", "threshold", "per_row", "asymmetric", "max_error")
+TABLE_KEYS = ("quantize_type", "quantize_bits", "dtype", "threshold", "per_row", "asymmetric", "max_error",
+              "scale_dtype")
 TOP_KEYS = ("quantize_op_types", "params_name", "fused_lookup", "weights")
 WEIGHTS_KEYS = ("quantizable_op_type", "weight_bits")  # quant_post_dynamic's names
 WEIGHT_BITS = (8, 16)
@@ -55,6 +57,7 @@ class TableConfig:
     per_row: PerRow = False
     asymmetric: bool | str = "auto"  # per-row offsets for <= 4-bit rows: where they help ("auto")
     max_error: float = DEFAULT_MAX_ERROR  # quantize_bits="auto"'s budget (relative RMS error of the table)
+    scale_dtype: str = "float32"  # per-row scales and offsets: "float16" halves their bytes (one scale stays float32)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], where: str) -> TableConfig:
@@ -73,6 +76,7 @@ class TableConfig:
             per_row=validate_choice("per_row", merged["per_row"], PER_ROW_CHOICES),
             asymmetric=validate_choice("asymmetric", merged["asymmetric"], ASYMMETRIC_CHOICES),
             max_error=_max_error(merged["max_error"]),
+            scale_dtype=validate_choice("scale_dtype", merged["scale_dtype"], SCALE_DTYPES),
         )
 
 

@@ -153,6 +153,7 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> li
             choice = choose_table_quantization(
                 table, table_cfg.quantize_type, table_cfg.quantize_bits, table_cfg.per_row, table_cfg.threshold,
                 False if whole_table else table_cfg.asymmetric, table_cfg.max_error,
+                "float32" if whole_table else table_cfg.scale_dtype,
             )
         except DataError as exc:
             raise DataError(f"table {name!r}: {exc}") from None

@@ -41,6 +41,8 @@ BLOCK_BYTES = 1 << 20  # fp32 bytes per work block: big enough to amortise numpy
 READ_BYTES = 1 << 20  # .npy bytes read at a time: still in cache when they are quantized
 LOG_FIT_VALUES = 1 << 15  # values (whole rows, evenly spaced) the log grid's spacing is fitted on
 _ROUNDER = np.float32(1.5 * 2**23)  # x + this rounds x to an integer (half to even) for |x| < 2**22
+#: How per-row scales and offsets are stored (``scale_dtype``); a whole-table scale is one float32 whatever it says.
+SCALE_DTYPES = ("float32", "float16")
 
 
 @dataclass
@@ -54,13 +56,13 @@ class QuantizedTable:
     """
 
     codes: NDArray[np.integer]
-    scales: NDArray[np.float32]  # one per row, or a single value (log: the abs max)
+    scales: NDArray[np.floating]  # one per row (float32 or float16), or a single float32 value (log: the abs max)
     quantize_type: str
     bits: int
     dim: int | None = None  # defaults to codes.shape[1]; needed when packed with an odd dim
     packed: bool = False
     log_step: float | None = None  # log only: the levels' spacing in the natural-log domain
-    offsets: NDArray[np.float32] | None = None  # affine rows: unsigned codes, ``codes * scale + offset``
+    offsets: NDArray[np.floating] | None = None  # affine rows: unsigned codes, ``codes * scale + offset``
 
     def __post_init__(self) -> None:
         if self.dim is None:
@@ -82,7 +84,7 @@ class QuantizedTable:
         scales = self.scales[flat] if self.per_row else self.scales[:1]
         values = _dequantize(codes, scales, self.per_row, self.quantize_type, self.log_step)
         if self.offsets is not None:
-            values += self.offsets[flat][:, None]
+            values += self.offsets[flat][:, None].astype(np.float32)
         return values.reshape(*idx.shape, self.dim)
 
     def dequantize(self) -> NDArray[np.float32]:
@@ -103,11 +105,16 @@ class QuantizedTable:
         )
 
     @property
+    def scale_dtype(self) -> str:
+        """How the per-row scales and offsets are stored: "float32" or "float16" (see :data:`SCALE_DTYPES`)."""
+        return str(self.scales.dtype)
+
+    @property
     def stored_bytes(self) -> int:
         """Bytes of the codes as a Paddle model stores them (packed when ``bits`` <= 4), scales and offsets."""
         rows = len(self.codes)
         codes = rows * (packed_width(self.dim, self.bits) if self.bits <= MAX_PACKED_BITS else self.dim)
-        return codes + 4 * (self.scales.size + (0 if self.offsets is None else self.offsets.size))
+        return codes + self.scales.nbytes + (0 if self.offsets is None else self.offsets.nbytes)
 
 
 def pack_int4(codes: NDArray[np.integer]) -> NDArray[np.uint8]:
@@ -132,7 +139,9 @@ def unpack_int4(packed: NDArray[np.uint8], dim: int) -> NDArray[np.int8]:
 def _dequantize(
     codes: NDArray[np.integer], scales: NDArray[np.float32], per_row: bool, quantize_type: str, log_step: float | None
 ) -> NDArray[np.float32]:
-    """``codes`` (rows) times ``scales`` (one per row, or one), read on the table's grid."""
+    """``codes`` (rows) times ``scales`` (one per row, or one), read on the table's grid. float16 scales are
+    widened to float32 first, as every reader does."""
+    scales = scales.astype(np.float32, copy=False)
     if quantize_type == "log":
         meta = {"scheme": "log2", "absmax": scales if per_row else scales[0], "axis": 0 if per_row else None,
                 "step": log_step}
@@ -146,6 +155,20 @@ def _check_finite(table: NDArray[np.float32], absmax: float | NDArray[np.float32
     if not np.isfinite(absmax).all():
         bad = int(np.count_nonzero(~np.isfinite(table)))
         raise DataError(f"{name} contains {bad} NaN/Inf value(s); clean the table first")
+
+
+def _to_half(values: NDArray[np.float32], name: str, what: str, up: bool = False) -> NDArray[np.float16]:
+    """``values`` as float16, rounded up (scales: no code then leaves its range) or to the nearest (offsets);
+    one DataError line when one is beyond float16's range."""
+    with np.errstate(over="ignore"):
+        half = values.astype(np.float16)
+        if up:
+            low = half.astype(np.float32) < values
+            half[low] = np.nextafter(half[low], np.float16(np.inf))
+    if not np.isfinite(half).all():
+        raise DataError(f"{name} has a per-row {what} of {float(np.abs(values).max()):.6g}, beyond float16's "
+                        f"{float(np.finfo(np.float16).max):g}; use scale_dtype='float32'")
+    return half
 
 
 def _row_absmax(block: NDArray[np.float32], work: NDArray[np.float32]) -> NDArray[np.float32]:
@@ -171,11 +194,12 @@ def _work_buffers(rows: int, dim: int, log: bool) -> tuple[NDArray[np.float32], 
 def _table_codes(
     table: NDArray[np.float32], quantize_type: str, bits: int, per_row: bool, threshold: float | None,
     absmax: float | None, log_step: float | None,
-    buffers: tuple[NDArray[np.float32], NDArray[np.intp]] | None = None,
-) -> tuple[NDArray[np.integer], NDArray[np.float32]]:
-    """float32 codes and scales, block by block; ``absmax`` is the whole table's (one scale only).
+    buffers: tuple[NDArray[np.float32], NDArray[np.intp]] | None = None, half: bool = False,
+) -> tuple[NDArray[np.integer], NDArray[np.floating]]:
+    """Codes and scales, block by block; ``absmax`` is the whole table's (one scale only).
 
-    ``buffers`` (from :func:`_work_buffers`) lets a caller quantizing chunk after chunk reuse them.
+    ``buffers`` (from :func:`_work_buffers`) lets a caller quantizing chunk after chunk reuse them. ``half``:
+    per-row scales are float16, rounded up, and the codes are computed against them.
     """
     qm = qmax(bits)
     log = quantize_type == "log"
@@ -198,6 +222,8 @@ def _table_codes(
                 np.minimum(top, threshold, out=top)
             scale = scales[start : start + len(block)]
             np.divide(top, per_scale, out=scale)
+            if half:
+                scale[:] = _to_half(scale, "embedding table", "scale", up=True)
             step = np.where(scale > 0, scale, np.float32(1))[:, None]
         else:
             step = scales[0] if scales[0] > 0 else np.float32(1)
@@ -218,7 +244,7 @@ def _table_codes(
         if threshold:
             np.clip(buf, _ROUNDER - qm, _ROUNDER + qm, out=buf)
         np.copyto(out, buf.view(np.int32), casting="unsafe")  # keeps the low byte
-    return codes, scales
+    return codes, scales.astype(np.float16) if half and per_row else scales
 
 
 def _sample_rows(rows: int, dim: int) -> NDArray[np.intp]:
@@ -258,14 +284,17 @@ def quantize_table(
     *,
     global_absmax: float | None = None,
     log_step: float | None = None,
+    scale_dtype: str = "float32",
 ) -> QuantizedTable:
     """Quantize a whole table in memory; ``threshold`` clips values first (the seeds' option).
 
     ``global_absmax`` (whole-table scale only) sets the abs max instead of measuring it and
     ``log_step`` the log grid's spacing instead of fitting it, so a table can be quantized chunk
-    by chunk with one scale and one grid.
+    by chunk with one scale and one grid. ``scale_dtype="float16"`` stores per-row scales as float16
+    (rounded up; the codes are computed against them).
     """
     validate_choice("quantize_type", quantize_type, EMBEDDING_QUANTIZE_TYPES)
+    half = validate_choice("scale_dtype", scale_dtype, SCALE_DTYPES) == "float16"
     validate_bits("quantize_bits", bits, 2, 8 if quantize_type == "log" else 16)
     source = np.asarray(table)
     if source.ndim != 2 or source.size == 0:
@@ -280,7 +309,7 @@ def quantize_table(
             global_absmax = _table_absmax(values, "embedding table")
         sample = values[_sample_rows(*values.shape)]
         log_step = _fit_log_step(sample, bits, per_row, threshold, global_absmax)
-    codes, scales = _table_codes(values, quantize_type, bits, per_row, threshold, global_absmax, log_step)
+    codes, scales = _table_codes(values, quantize_type, bits, per_row, threshold, global_absmax, log_step, half=half)
     _check_not_all_zero(float(scales.max()), "embedding table")
     return QuantizedTable(codes, scales, quantize_type, bits, log_step=log_step if quantize_type == "log" else None)
 
@@ -291,10 +320,11 @@ def quantize_table(
 CLIP_RATIOS = tuple(np.round(np.linspace(1.0, 0.5, 11), 2))
 
 
-def searched_rows(table: ArrayLike, bits: int, affine: bool) -> QuantizedTable:
+def searched_rows(table: ArrayLike, bits: int, affine: bool, half: bool = False) -> QuantizedTable:
     """Per-row grids of ``bits`` bits whose range is searched per row (:data:`CLIP_RATIOS`) for the least
     squared error: symmetric (codes ``-qmax .. qmax``) or ``affine`` (codes ``0 .. 2**bits - 1`` over
-    ``[min, max]`` of the row shrunk towards zero, with a per-row offset)."""
+    ``[min, max]`` of the row shrunk towards zero, with a per-row offset). ``half``: scales and offsets are
+    float16 (scales rounded up, offsets to the nearest) and the codes and errors are computed against them."""
     values = np.asarray(table, np.float32)
     _check_finite(values, np.abs(values).max(axis=1), "embedding table")
     rows, dim = values.shape
@@ -311,6 +341,9 @@ def searched_rows(table: ArrayLike, bits: int, affine: bool) -> QuantizedTable:
             r = np.float32(ratio)
             scale = (hi - lo) * r / top if affine else hi * r / top  # 0 for a constant row: codes 0
             base = lo * r if affine else np.zeros_like(scale)
+            if half:
+                scale = _to_half(scale, "embedding table", "scale", up=True).astype(np.float32)
+                base = _to_half(base, "embedding table", "offset").astype(np.float32)
             step = np.where(scale > 0, scale, np.float32(1))[:, None]
             c = np.clip(np.rint((block - base[:, None]) / step), 0 if affine else -top, top)
             err = np.square(c * scale[:, None] + base[:, None] - block).sum(axis=1)
@@ -320,7 +353,9 @@ def searched_rows(table: ArrayLike, bits: int, affine: bool) -> QuantizedTable:
             scales[start : start + len(block)][better] = scale[better]
             offsets[start : start + len(block)][better] = base[better]
     _check_not_all_zero(float(np.abs(values).max()), "embedding table")
-    return QuantizedTable(codes, scales, "abs_max", bits, offsets=offsets if affine else None)
+    stored = np.float16 if half else np.float32
+    return QuantizedTable(codes, scales.astype(stored), "abs_max", bits,
+                          offsets=offsets.astype(stored) if affine else None)
 
 
 # ---- choosing the grid: scales, offsets, bits -------------------------------------------------
@@ -370,6 +405,7 @@ def choose_table_quantization(
     threshold: float | None = None,
     asymmetric: bool | str = "auto",
     max_error: float = DEFAULT_MAX_ERROR,
+    scale_dtype: str = "float32",
 ) -> TableChoice:
     """Quantize ``table`` with one scale and with per-row scales, measure both, keep one.
 
@@ -377,12 +413,15 @@ def choose_table_quantization(
     their error is below ``AUTO_PER_ROW_GAIN`` times the whole-table error. Per-row abs_max grids
     of <= 4 bits are searched per row (:func:`searched_rows`); ``asymmetric`` adds per-row offsets
     (True), or where they cut the error by the same factor (``"auto"``). ``bits="auto"`` tries
-    :data:`AUTO_BITS` and keeps the smallest within ``max_error``.
+    :data:`AUTO_BITS` and keeps the smallest within ``max_error``. ``scale_dtype``: how per-row
+    scales and offsets are stored (:data:`SCALE_DTYPES`); the errors are measured with them.
     """
+    half = validate_choice("scale_dtype", scale_dtype, SCALE_DTYPES) == "float16"
     if bits == "auto":
         tried: dict[int, float] = {}
         for width in AUTO_BITS:
-            choice = choose_table_quantization(table, quantize_type, width, per_row, threshold, asymmetric)
+            choice = choose_table_quantization(table, quantize_type, width, per_row, threshold, asymmetric,
+                                               scale_dtype=scale_dtype)
             tried[width] = choice.error
             if choice.error <= max_error or width == AUTO_BITS[-1]:
                 return TableChoice(choice.table, choice.per_row, choice.whole_table_error, choice.per_row_error,
@@ -390,12 +429,12 @@ def choose_table_quantization(
     assert isinstance(bits, int)
     whole = quantize_table(table, quantize_type, bits, False, threshold)
     few_bits = quantize_type == "abs_max" and bits <= MAX_PACKED_BITS and threshold is None
-    rows = searched_rows(table, bits, affine=False) if few_bits else quantize_table(
-        table, quantize_type, bits, True, threshold)
+    rows = searched_rows(table, bits, affine=False, half=half) if few_bits else quantize_table(
+        table, quantize_type, bits, True, threshold, scale_dtype=scale_dtype)
     whole_err, row_err = relative_error(table, whole), relative_error(table, rows)
     affine = False
     if few_bits and asymmetric is not False:
-        shifted = searched_rows(table, bits, affine=True)
+        shifted = searched_rows(table, bits, affine=True, half=half)
         shifted_err = relative_error(table, shifted)
         if asymmetric is True or shifted_err < AUTO_PER_ROW_GAIN * row_err:
             rows, row_err, affine = shifted, shifted_err, True
@@ -418,6 +457,7 @@ _META_KEYS = {
     "dim": "an int > 0",
     "packed": "true (only with bits <= 4) or false",
     "log_step": "a number > 0",
+    "scale_dtype": "'float32' or 'float16' (optional: float32)",
 }
 _RECREATE = "re-create the table with qembed.quantize_npy"
 
@@ -439,6 +479,7 @@ def quantize_npy(
     threshold: float | None = None,
     chunk_rows: int = 65536,
     pack: bool = True,
+    scale_dtype: str = "float32",
 ) -> QuantizedTable:
     """Quantize the ``.npy`` table ``src`` into ``dst`` chunk by chunk; returns it memory-mapped.
 
@@ -448,8 +489,10 @@ def quantize_npy(
     scale takes one extra read pass for the abs max), so the table may be larger than memory.
     The three files are written in a staging directory and moved into place (the json last) only
     when the whole table is quantized: a failed run leaves a previous output as it was.
+    ``scale_dtype="float16"`` stores per-row scales as float16 (the json says so).
     """
     quantize_type = validate_choice("quantize_type", quantize_type, EMBEDDING_QUANTIZE_TYPES)
+    half = validate_choice("scale_dtype", scale_dtype, SCALE_DTYPES) == "float16" and per_row
     bits = validate_bits("quantize_bits", bits, 2, 8)
     _check_threshold(threshold)
     _check_chunk_rows(chunk_rows)
@@ -466,6 +509,8 @@ def quantize_npy(
     if global_absmax is not None:
         _check_not_all_zero(global_absmax, str(src))
     meta: dict[str, Any] = {"quantize_type": quantize_type, "bits": bits, "dim": dim, "packed": packed}
+    if half:
+        meta["scale_dtype"] = "float16"
     log_step = None
     if quantize_type == "log":
         sample = _npy_rows(src, _sample_rows(rows, dim), source_dtype, source_offset, dim)
@@ -475,14 +520,14 @@ def quantize_npy(
         # plain reads and writes, not memory maps: mapped pages would count against RSS
         with open(src, "rb") as fin, open(stage / dst.name, "wb") as fout:
             _write_npy_header(fout, np.uint8 if packed else np.int8, (rows, (dim + 1) // 2 if packed else dim))
-            _write_npy_header(fscales, np.float32, (rows if per_row else 1,))
+            _write_npy_header(fscales, np.float16 if half else np.float32, (rows if per_row else 1,))
             fin.seek(source_offset)
             buffers = _work_buffers(chunk_rows, dim, quantize_type == "log")
             largest = 0.0
             for chunk in _chunks(fin, source_dtype, rows, dim, chunk_rows):
                 _check_float32_range(chunk, str(src))
                 codes, scales = _table_codes(np.asarray(chunk, np.float32), quantize_type, bits, per_row, threshold,
-                                             global_absmax, log_step, buffers)
+                                             global_absmax, log_step, buffers, half)
                 fout.write(pack_int4(codes) if packed else codes)
                 _start_writeback(fout)
                 largest = max(largest, float(scales.max()))
@@ -511,8 +556,9 @@ def load_quantized_npy(path: str | os.PathLike[str]) -> QuantizedTable:
         raise DataError(f"{path} holds {dtype} codes of shape {shape} but {meta_file} describes {codes_dtype} "
                         f"codes of shape (rows, {width}); {_RECREATE}")
     scales_shape, scales_dtype, _ = _npy_layout(scales_file)
-    if scales_dtype != np.float32 or scales_shape not in ((shape[0],), (1,)):
-        raise DataError(f"{scales_file} holds {scales_dtype} scales of shape {scales_shape}; {path} needs float32 "
+    wanted = meta.get("scale_dtype", "float32")
+    if scales_dtype != np.dtype(wanted) or scales_shape not in ((shape[0],), (1,)):
+        raise DataError(f"{scales_file} holds {scales_dtype} scales of shape {scales_shape}; {path} needs {wanted} "
                         f"of shape ({shape[0]},) or (1,); {_RECREATE}")
     scales = np.load(scales_file, allow_pickle=False)
     if not (np.isfinite(scales) & (scales >= 0)).all():
@@ -587,8 +633,9 @@ def _read_meta(meta_file: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise DataError(f"cannot read {meta_file} ({_one_line(str(exc))}); {_RECREATE}") from None
     keys = list(_META_KEYS)[: 5 if isinstance(meta, dict) and meta.get("quantize_type") == "log" else 4]
-    if not isinstance(meta, dict) or set(meta) != set(keys):
-        raise DataError(f"{meta_file} must hold a JSON object with the keys {', '.join(keys)}; {_RECREATE}")
+    if not isinstance(meta, dict) or set(meta) - {"scale_dtype"} != set(keys):
+        raise DataError(f"{meta_file} must hold a JSON object with the keys {', '.join(keys)} (and optionally "
+                        f"scale_dtype); {_RECREATE}")
     quantize_type, bits, dim, packed = (meta[k] for k in keys[:4])
     valid = {
         "quantize_type": isinstance(quantize_type, str) and quantize_type in EMBEDDING_QUANTIZE_TYPES,
@@ -599,6 +646,8 @@ def _read_meta(meta_file: Path) -> dict[str, Any]:
     if quantize_type == "log":
         step = meta["log_step"]
         valid["log_step"] = type(step) in (int, float) and 0 < step < math.inf
+    if "scale_dtype" in meta:
+        valid["scale_dtype"] = isinstance(meta["scale_dtype"], str) and meta["scale_dtype"] in SCALE_DTYPES
     for key, ok in valid.items():
         if not ok:
             raise DataError(f"{meta_file}: {key}={short_repr(meta[key])} is not valid (expected {_META_KEYS[key]}); "

@@ -71,6 +71,7 @@ class LookupTables:
     padded: bool = False  # packed rows decode to more than ``dim`` values (the last byte is not full)
     code_values: Any = None  # [256] float: unpacked log code c -> its value at c + 128 (fused lookups only)
     per_byte: int = 1  # codes per stored byte
+    half: bool = False  # per-row scales (and offsets) stored float16: cast to float32 after their lookup
 
 
 @dataclass(frozen=True)
@@ -491,13 +492,18 @@ class Graph(ABC):
         ``fused_op`` names a registered custom op (qembed's ``qembed_lookup``) that replaces the lookup
         and the whole sequence: it takes ``Ids, Codes, Scale, Offset?, Values?`` and the attributes
         ``dim, packed`` (codes per byte, 1 unpacked), ``pooling`` and ``padding_idx``.
+
+        Per-row ``scales`` (and ``offsets``) given as float16 are stored float16 and widened to float32 after
+        their lookup: half their bytes, the same values. A single scale is stored float32.
         """
         weight = self.weight_operand(op)
         if weight is None:
             raise GraphError(f"{op!r} has no parameter table to quantize")
         shape = self.get_param(weight.name).shape
         rows = shape[0]
-        scales = np.asarray(scales, np.float32).reshape(-1)
+        scales = np.asarray(scales).reshape(-1)
+        if scales.dtype != np.float16 or scales.size == 1:  # one scale: float32 (its lookup-free multiply needs it)
+            scales = scales.astype(np.float32)
         if codes.dtype != np.int8 or codes.shape != shape:
             raise GraphError(f"codes for {weight.name!r} must be int8 with the table's shape")
         if scales.size not in (1, rows):
@@ -522,6 +528,7 @@ class Graph(ABC):
         rows, dim = codes.shape
         per_row = scales.size > 1
         column = [rows, 1] if per_row else [1]
+        half = scales.dtype == np.float16
 
         def add(suffix: str, value: np.ndarray) -> Any:
             return self._add_param(self._new_param_name(f"{key}{suffix}"), value, op)
@@ -534,7 +541,7 @@ class Graph(ABC):
             if fused and log_step is not None:
                 code_values = add("@code_values", log_values(np.arange(-128, 128.0)).astype(np.float32))
             return LookupTables(add(".quantized", codes), add("@scale", scales.reshape(column)), dim, per_row,
-                                log_step=log_step, code_values=code_values)
+                                log_step=log_step, code_values=code_values, half=half)
         fields = np.arange(1 << field_bits(bits))
         values = fields if offsets is not None else signed_fields(fields, bits).astype(np.float64)
         if log_step is not None:
@@ -542,10 +549,11 @@ class Graph(ABC):
         return LookupTables(
             add(".packed", pack_codes(codes, bits)),
             add("@scale", scales.reshape(column)), dim, per_row,
-            offset=None if offsets is None else add("@offset", np.asarray(offsets, np.float32).reshape(column)),
+            offset=None if offsets is None else add("@offset", np.asarray(offsets, scales.dtype).reshape(column)),
             byte_values=add("@byte_values", byte_values(bits, values)),
             padded=dim % codes_per_byte(bits) != 0,
             per_byte=codes_per_byte(bits),
+            half=half,
         )
 
     @abstractmethod

@@ -162,9 +162,8 @@ class LegacyGraph(Graph):
         raise AssertionError("op is not in the block")
 
     def _add_param(self, name: str, value: np.ndarray, before: OpRef | None = None) -> str:
-        dtype = {np.dtype(np.int8): "int8", np.dtype(np.int16): "int16", np.dtype(np.int32): "int32"}.get(
-            value.dtype, "float32"
-        )
+        dtype = {np.dtype(np.int8): "int8", np.dtype(np.int16): "int16", np.dtype(np.int32): "int32",
+                 np.dtype(np.float16): "float16"}.get(value.dtype, "float32")
         self.block.create_var(name=name, shape=list(value.shape), dtype=dtype, persistable=True)
         self.set_param(name, value if dtype != "float32" else value.astype(np.float32))
         return name
@@ -313,17 +312,23 @@ class LegacyGraph(Graph):
                 sign = add("sign", {"X": value}, {})
                 power = add("scale", {"X": add("abs", {"X": value}, {})}, {"scale": -step, "bias": step})
                 value = add("elementwise_mul", {"X": sign, "Y": add("exp", {"X": power}, {})}, {"axis": -1})
+        def row_values(table: str) -> str:  # a per-row table's looked-up values, as float32
+            looked_up = add(lookup, {"Ids": ids, "W": table}, padding)
+            if not tables.half:
+                return looked_up
+            return add("cast", {"X": looked_up}, {"in_dtype": core.VarDesc.VarType.FP16,
+                                                  "out_dtype": core.VarDesc.VarType.FP32})
+
         scale = tables.scale
         if tables.per_row:
             if padding:  # the scale lookup zeroes the padding row; paddle2onnx 2.1 aborts on an int8 one with it
                 op.raw._set_attr("padding_idx", -1)
-            scale = add(lookup, {"Ids": ids, "W": scale}, padding)
+            scale = row_values(scale)
         if tables.offset is None:
             add("elementwise_mul", {"X": value, "Y": scale}, {"axis": -1}, result=out)
             return
         scaled = add("elementwise_mul", {"X": value, "Y": scale}, {"axis": -1})
-        add("elementwise_add", {"X": scaled, "Y": add(lookup, {"Ids": ids, "W": tables.offset}, padding)},
-            {"axis": -1}, result=out)
+        add("elementwise_add", {"X": scaled, "Y": row_values(tables.offset)}, {"axis": -1}, result=out)
 
     def _build_lookup_fused(self, op: OpRef, tables: LookupTables, op_type: str) -> None:
         ids_slot, out_slot = ("x", "out") if op.type == "embedding_with_scaled_gradient" else ("Ids", "Out")

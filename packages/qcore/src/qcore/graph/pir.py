@@ -223,7 +223,7 @@ class PirGraph(Graph):
 
     def _add_param(self, name: str, value: np.ndarray, before: OpRef | Any) -> Any:
         raw = before.raw if isinstance(before, OpRef) else before
-        dtype = str(value.dtype) if value.dtype in (np.int8, np.int16) else "float32"
+        dtype = str(value.dtype) if value.dtype in (np.int8, np.int16, np.float16) else "float32"
         with self._inserting_before(raw):
             param = paddle.static.create_parameter(
                 list(value.shape), dtype, name=name,
@@ -316,12 +316,13 @@ class PirGraph(Graph):
                     step = tables.log_step
                     power = paddle._C_ops.scale(paddle._C_ops.abs(value), -step, step, True)
                     value = paddle._C_ops.multiply(paddle._C_ops.sign(value), paddle._C_ops.exp(power))
-            scale = tables.scale
-            if tables.per_row:
-                scale = paddle._C_ops.embedding(ids, scale, padding_idx, False)
-            value = paddle._C_ops.multiply(value, scale)
+            def row_values(table: Any) -> Any:  # a per-row table's looked-up values, as float32
+                looked_up = paddle._C_ops.embedding(ids, table, padding_idx, False)
+                return paddle._C_ops.cast(looked_up, paddle.float32) if tables.half else looked_up
+
+            value = paddle._C_ops.multiply(value, row_values(tables.scale) if tables.per_row else tables.scale)
             if tables.offset is not None:
-                value = paddle._C_ops.add(value, paddle._C_ops.embedding(ids, tables.offset, padding_idx, False))
+                value = paddle._C_ops.add(value, row_values(tables.offset))
         self._replace_result(op.raw, value)
 
     def _build_lookup_fused(self, op: OpRef, tables: LookupTables, op_type: str) -> None:

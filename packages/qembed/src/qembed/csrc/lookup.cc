@@ -3,16 +3,17 @@
 // Inputs (the parameters quant_embedding stores, see qembed.ext):
 //   Ids    int64 or int32, any shape; pooled modes pool over its last axis.
 //   Codes  int8 [rows, dim] (one code per value), or [rows, ceil(dim / k)] bytes of k packed codes.
-//   Scale  float32 [rows, 1] (per row) or [1].
-//   Offset optional float32 [rows, 1]: value = code value * scale + offset.
+//   Scale  float32 or float16, [rows, 1] (per row) or [1].
+//   Offset optional [rows, 1] of Scale's dtype: value = code value * scale + offset.
 //   Values optional float32: unpacked, [256] value of code c at c + 128 (log codes); packed, [256, k]
 //          the k code values of byte b at row b + 128 (required when packed). Without it an unpacked
 //          code's value is the code.
 // Attrs: dim, packed (codes per byte k; 1 = unpacked), pooling ("none", "sum", "mean", "sqrt_mean"),
 //   padding_idx (negative: none). Ids equal to padding_idx give zero rows ("none") or are left out of the
 //   bag (pooled; mean and sqrt_mean count only the others; a bag without ids pools to zeros).
-// The arithmetic is the op sequence's (code value * scale, then + offset, each rounded to float32) and
-// bags are summed id by id in order; build with -ffp-contract=off so no multiply-add is fused.
+// The arithmetic is the op sequence's (code value * scale, then + offset, each rounded to float32; a float16
+// scale or offset widened to float32 first, which is exact) and bags are summed id by id in order; build with
+// -ffp-contract=off so no multiply-add is fused.
 
 #include <cmath>
 #include <cstdint>
@@ -34,15 +35,30 @@ Pool ParsePool(const std::string& name) {
   PD_THROW("qembed_lookup: pooling must be none, sum, mean or sqrt_mean, got ", name);
 }
 
+// One value per row (or one for the table), stored float32 or float16.
+struct Column {
+  const void* data = nullptr;
+  bool half = false;
+  float operator[](int64_t i) const {
+    return half ? static_cast<float>(static_cast<const phi::dtype::float16*>(data)[i])
+                : static_cast<const float*>(data)[i];
+  }
+};
+
+Column ColumnOf(const paddle::Tensor& t) {
+  if (t.dtype() == paddle::DataType::FLOAT16) return {t.data<phi::dtype::float16>(), true};
+  return {t.data<float>(), false};
+}
+
 struct Table {
   const int8_t* codes;
   int64_t rows;
   int64_t width;  // bytes per row
   int64_t dim;
   int64_t per_byte;  // codes per byte (1: unpacked)
-  const float* scale;
+  Column scale;
   bool per_row;
-  const float* offset;  // nullptr: none
+  Column offset;  // data nullptr: none
   const float* values;  // nullptr: code value = code
 };
 
@@ -51,8 +67,8 @@ template <bool Add>
 inline void Row(const Table& t, int64_t id, float* out) {
   const int8_t* c = t.codes + id * t.width;
   const float s = t.per_row ? t.scale[id] : t.scale[0];
-  const float o = t.offset ? t.offset[id] : 0.0f;
-  const bool has_offset = t.offset != nullptr;
+  const bool has_offset = t.offset.data != nullptr;
+  const float o = has_offset ? t.offset[id] : 0.0f;
   const int64_t dim = t.dim;
   if (t.per_byte == 1) {
     if (t.values) {
@@ -144,18 +160,19 @@ std::vector<paddle::Tensor> LookupForward(const paddle::Tensor& ids, const paddl
                                           const std::string& pooling, int64_t padding_idx) {
   PD_CHECK(ids.is_cpu() && codes.is_cpu(), "qembed_lookup runs on the CPU only");
   PD_CHECK(codes.dtype() == paddle::DataType::INT8 && codes.dims().size() == 2, "qembed_lookup: Codes must be int8 [rows, width]");
-  PD_CHECK(scale.dtype() == paddle::DataType::FLOAT32, "qembed_lookup: Scale must be float32");
+  PD_CHECK(scale.dtype() == paddle::DataType::FLOAT32 || scale.dtype() == paddle::DataType::FLOAT16,
+           "qembed_lookup: Scale must be float32 or float16");
   PD_CHECK(packed == 1 || packed == 2 || packed == 4, "qembed_lookup: packed must be 1, 2 or 4 codes per byte");
   const int64_t rows = codes.dims()[0];
-  Table t{codes.data<int8_t>(), rows, codes.dims()[1], dim, packed, scale.data<float>(), scale.numel() > 1,
-          nullptr, nullptr};
+  Table t{codes.data<int8_t>(), rows, codes.dims()[1], dim, packed, ColumnOf(scale), scale.numel() > 1, Column{},
+          nullptr};
   PD_CHECK(t.width * packed >= dim && t.width * packed - dim < packed,
            "qembed_lookup: Codes rows hold ", t.width * packed, " codes, not dim=", dim);
   PD_CHECK(scale.numel() == 1 || scale.numel() == rows, "qembed_lookup: Scale needs 1 or one per row values");
   if (offset) {
-    PD_CHECK(offset->dtype() == paddle::DataType::FLOAT32 && offset->numel() == rows,
-             "qembed_lookup: Offset must be float32 with one value per row");
-    t.offset = offset->data<float>();
+    PD_CHECK(offset->dtype() == scale.dtype() && offset->numel() == rows,
+             "qembed_lookup: Offset must have Scale's dtype and one value per row");
+    t.offset = ColumnOf(*offset);
   }
   if (values) {
     PD_CHECK(values->dtype() == paddle::DataType::FLOAT32 && values->numel() == 256 * packed,
