@@ -21,6 +21,8 @@ SCHEMES = {
     "int4 per-row + offsets": ({"quantize_bits": 4, "per_row": True, "asymmetric": True}, 4),
     "int2 per-row + offsets": ({"quantize_bits": 2, "per_row": True, "asymmetric": True}, 4),
 }
+SCHEMES |= {f"{name} fp16": ({**SCHEMES[name][0], "scale_dtype": "float16"}, SCHEMES[name][1]) for name in (
+    "int8 per-row", "int4 per-row", "int4 per-row + offsets", "int2 per-row + offsets")}
 
 
 @pytest.fixture(autouse=True)
@@ -59,9 +61,11 @@ def _table_constants(path) -> list[str]:
     return found
 
 
+PIR_SCHEMES = ("int8 per-row", "int4 per-row + offsets", "int4 per-row + offsets fp16")
+
+
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino-runtime"])
-@pytest.mark.parametrize(("family", "scheme"), [("legacy", s) for s in SCHEMES] +
-                         [("pir", "int8 per-row"), ("pir", "int4 per-row + offsets")])
+@pytest.mark.parametrize(("family", "scheme"), [("legacy", s) for s in SCHEMES] + [("pir", s) for s in PIR_SCHEMES])
 def test_exported_tables_stay_quantized_and_return_the_numpy_rows(static_program, tmp_path, family, scheme, runtime):
     from qcore.export import export_onnx
 
@@ -70,11 +74,20 @@ def test_exported_tables_stay_quantized_and_return_the_numpy_rows(static_program
     path = export_onnx(files, tmp_path / "q.onnx", runtime=runtime)
     model = onnx.load(str(path))
     kinds = [n.op_type for n in model.graph.node]
-    assert kinds.count("GatherBlockQuantized") == 1 and "Cast" not in kinds, kinds
     q = report.choice.table
+    half = "fp16" in scheme
     assert (q.offsets is not None) == ("offsets" in scheme) and q.per_row == ("per-row" in scheme)
+    assert q.scale_dtype == ("float16" if half else "float32")
+    # float16 scales: stored float16 and cast in the ONNX Runtime form, float32 in the OpenVINO form (its frontend
+    # takes constant scales only); float16 offsets: looked up, then cast
+    casts = half * ((runtime == "onnxruntime") + (q.offsets is not None))
+    assert kinds.count("GatherBlockQuantized") == 1 and kinds.count("Cast") == casts, kinds
     assert kinds.count("Gather") == (q.offsets is not None)  # the offsets' lookup
     sizes = {i.name.rsplit(".", 1)[-1]: len(i.raw_data) for i in model.graph.initializer}
+    scale_bytes = 2 * ROWS if half and runtime == "onnxruntime" else 4 * ROWS
+    assert sizes["float16" if half and runtime == "onnxruntime" else "scales"] == scale_bytes
+    if q.offsets is not None:
+        assert sizes["offsets"] == (2 if half else 4) * ROWS
     assert sizes["B" if runtime == "onnxruntime" else "codes"] == ROWS * DIM * bits // 8
     assert max(sizes.values()) == ROWS * DIM * bits // 8  # no float copy of the table
     ids = np.random.default_rng(4).integers(0, ROWS, (40, 1)).astype(np.int64)

@@ -20,7 +20,9 @@ compressed (measured with ONNX Runtime 1.32 and OpenVINO 2026.4.1):
   table at every head call.
 
 :func:`gather_nbits` writes the lookup alone (tables without a head: qembed's); :func:`replace_tables` rewrites
-paddle2onnx's ``Gather`` (and ``Transpose`` -> ``MatMul`` head) on a table named in the codes.
+paddle2onnx's ``Gather`` (and ``Transpose`` -> ``MatMul`` head) on a table named in the codes. Float16 scales (qembed's
+``scale_dtype``) stay float16 on disk in the ONNX Runtime form, read through a ``Cast`` to float32; the OpenVINO form
+writes them float32 (its frontend takes constant scales only). Both compute the rows in float32.
 """
 
 from __future__ import annotations
@@ -45,21 +47,33 @@ def _check_runtime(runtime: str) -> None:
         raise ConfigError(f"runtime={runtime!r} has no quantized-table form; use one of {TABLE_RUNTIMES}")
 
 
+def _float_input(values: np.ndarray, name: str, half: bool) -> tuple[list[Any], list[Any]]:
+    """The float32 input ``name`` holding ``values``: an initializer, or (``half``) a float16 initializer widened by
+    a ``Cast`` (half the bytes on disk, the same values). Returns its nodes and initializers."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    if not half:
+        return [], [numpy_helper.from_array(np.ascontiguousarray(values, np.float32), name)]
+    stored = numpy_helper.from_array(np.ascontiguousarray(values, np.float16), f"{name}.float16")
+    return [helper.make_node("Cast", [stored.name], [name], to=TensorProto.FLOAT, name=f"{name}.cast")], [stored]
+
+
 def _ort_lookup(q: GroupCodes, ids: str, y: str, name: str, b_name: str) -> tuple[list[Any], list[Any]]:
     """``GatherBlockQuantized`` on ``MatMulNBits``' ``B`` (initializer ``b_name``), reshaped to rows of ``hidden``."""
     from onnx import helper, numpy_helper
 
     arrays = nbits_arrays(q)
     blocks = arrays.b.shape[1]
-    inits = [numpy_helper.from_array(arrays.scales[..., None], f"{name}.scales"),
-             numpy_helper.from_array(np.array([blocks * arrays.block], np.int64), f"{name}.width")]
+    scale_nodes, inits = _float_input(arrays.scales[..., None], f"{name}.scales", q.scales.dtype == np.float16)
+    inits.append(numpy_helper.from_array(np.array([blocks * arrays.block], np.int64), f"{name}.width"))
     inputs = [b_name, ids, f"{name}.scales"]
     if arrays.zero_codes is not None:
         inits.append(numpy_helper.from_array(packed(arrays.zero_codes[..., None], q.bits), f"{name}.zero_points"))
         inputs.append(f"{name}.zero_points")
     padded = blocks * arrays.block != arrays.k
     rows = f"{name}.rows" if padded else y
-    nodes = [helper.make_node("GatherBlockQuantized", inputs, [f"{name}.blocks"], name=name, domain=MS_DOMAIN,
+    nodes = [*scale_nodes,
+             helper.make_node("GatherBlockQuantized", inputs, [f"{name}.blocks"], name=name, domain=MS_DOMAIN,
                               bits=q.bits, block_size=arrays.block, gather_axis=0, quantize_axis=2),
              helper.make_node("Shape", [ids], [f"{name}.ids_shape"], name=f"{name}.ids_shape"),
              helper.make_node("Concat", [f"{name}.ids_shape", f"{name}.width"], [f"{name}.shape"], axis=0,
@@ -76,7 +90,8 @@ def _ort_lookup(q: GroupCodes, ids: str, y: str, name: str, b_name: str) -> tupl
 def _ov_table(q: GroupCodes, name: str) -> tuple[list[str], list[Any], int]:
     """The OpenVINO form's initializers (unsigned codes ``[vocab, hidden]``, steps, zero points; ONNX packs 4-bit
     tensors two a byte over the flattened tensor, not per row), their names and the block; one line for a group
-    that is no power-of-two block dividing ``hidden``."""
+    that is no power-of-two block dividing ``hidden``. The steps are float32 whatever their dtype: the OpenVINO
+    frontend takes constant scales only, and float16 ones make the lookup compute in float16."""
     from onnx import TensorProto, helper, numpy_helper
 
     hidden, vocab = q.codes.shape

@@ -12,6 +12,9 @@ one ``GatherBlockQuantized`` (a ``Gather`` + ``Add`` more for offsets), in ``run
 * offsets (affine rows) cannot be an integer zero point, so they are looked up and added after the op;
 * log codes are no linear grid: their sequence is left as paddle2onnx wrote it;
 * padding rows read as zeros: their scale (and offset) is written as 0;
+* float16 per-row scales (qembed's ``scale_dtype``) stay float16 in the ONNX Runtime form (cast to float32 in the
+  graph; the OpenVINO runtime then cannot run that form) and are written float32 in the OpenVINO form; float16
+  offsets stay float16 in both, cast after their lookup;
 * the OpenVINO form needs a power-of-two block of at least 16 dividing the row: a row of ``dim`` values takes
   the largest such block (the scale repeated per block); a table whose rows have none keeps its sequence.
 """
@@ -79,6 +82,7 @@ class _Lookup:
     ids: str
     end: Any  # the node whose output is the dequantized rows
     codes_name: str
+    half: bool = False  # the scales (and offsets) were stored float16
 
 
 class _Graph:
@@ -110,9 +114,12 @@ class _Graph:
         return readers[0]
 
     def row_values(self, name: str, ids: str) -> tuple[np.ndarray, np.ndarray] | None:
-        """A per-row table looked up with ``ids`` (``Gather``, after paddle2onnx's padding mask ``Mul`` or not):
-        its values ``[rows]`` and a padding mask (1 kept, 0 padding); None for anything else."""
+        """A per-row table looked up with ``ids`` (``Gather``, after paddle2onnx's padding mask ``Mul`` or not, and
+        cast to float32 or not): its values ``[rows]`` as stored and a padding mask (1 kept, 0 padding); None for
+        anything else."""
         node = self.producer.get(self.source(name))
+        if node is not None and node.op_type == "Cast":  # float16 values widened after the lookup
+            node = self.producer.get(self.source(node.input[0]))
         if node is None or node.op_type != "Gather" or node.input[1] != ids:
             return None
         table, mask = self.source(node.input[0]), None
@@ -166,6 +173,8 @@ def _find(g: _Graph, gather: Any, padded: Mapping[str, int]) -> _Lookup | None:
     scale = g.row_values(other, ids)
     if scale is not None:
         scales, mask = scale
+        if scales.dtype not in (np.float32, np.float16):
+            return None
     elif g.source(other) in g.inits and g.array(g.source(other)).size == 1:  # one scale for the table
         scales = np.full(rows, g.array(g.source(other)).reshape(-1)[0], np.float32)
         mask = np.ones(rows, np.float32)
@@ -180,7 +189,8 @@ def _find(g: _Graph, gather: Any, padded: Mapping[str, int]) -> _Lookup | None:
         if found is not None:
             offsets = (found[0] * found[1]).astype(np.float32)
             end = add
-    return _Lookup(codes, (scales * mask).astype(np.float32), offsets, bits, ids, end, codes_name)
+    return _Lookup(codes, (scales * mask).astype(np.float32), offsets, bits, ids, end, codes_name,
+                   scales.dtype == np.float16)
 
 
 def _block(dim: int, runtime: str) -> int | None:
@@ -195,7 +205,7 @@ def _group_codes(found: _Lookup, block: int) -> GroupCodes:
     """The lookup's table as the :class:`GroupCodes` of its transpose (one scale per ``block`` values of a row)."""
     rows, dim = found.codes.shape
     groups = dim // block
-    scales = np.repeat(found.scales[None, :], groups, axis=0)
+    scales = np.repeat(found.scales[None, :], groups, axis=0).astype(np.float16 if found.half else np.float32)
     zero = None if found.offsets is None else np.zeros((groups, rows), np.uint8)
     return GroupCodes(np.ascontiguousarray(found.codes.T), scales, zero, _EXPORT_BITS[found.bits], block)
 
@@ -204,7 +214,7 @@ def write_lookups(model: Any, runtime: str = "onnxruntime", padded: Mapping[str,
     """Rewrite every quantized lookup of the ONNX ``model`` (paddle2onnx's graph of a qembed model) in ``runtime``'s
     form, in place; ``padded``: what :func:`unpad_code_lookups` took off. Returns the codes tables rewritten.
     A table :func:`unpad_code_lookups` unpadded that is left as it was (log codes) is one ExportError line."""
-    from onnx import helper, numpy_helper
+    from onnx import TensorProto, helper, numpy_helper
 
     _check_runtime(runtime)
     padded = padded or {}
@@ -226,10 +236,16 @@ def write_lookups(model: Any, runtime: str = "onnxruntime", padded: Mapping[str,
         name = f"{found.codes_name}.lookup.{len(done)}"
         y = found.end.output[0] if found.offsets is None else f"{name}.rows"
         nodes, new = gather_nbits(_group_codes(found, block), found.ids, y, name, runtime)
-        if found.offsets is not None:
-            new.append(numpy_helper.from_array(found.offsets.astype(np.float32).reshape(-1, 1), f"{name}.offsets"))
-            nodes += [helper.make_node("Gather", [f"{name}.offsets", found.ids], [f"{name}.offset"], name=f"{name}.o"),
-                      helper.make_node("Add", [y, f"{name}.offset"], list(found.end.output), name=f"{name}.add")]
+        if found.offsets is not None:  # float16 offsets: looked up, then widened
+            stored = np.float16 if found.half else np.float32
+            new.append(numpy_helper.from_array(found.offsets.astype(stored).reshape(-1, 1), f"{name}.offsets"))
+            offset = f"{name}.offset"
+            nodes.append(helper.make_node("Gather", [f"{name}.offsets", found.ids], [offset], name=f"{name}.o"))
+            if found.half:
+                nodes.append(helper.make_node("Cast", [offset], [f"{offset}.float32"], to=TensorProto.FLOAT,
+                                              name=f"{name}.o.cast"))
+                offset = f"{offset}.float32"
+            nodes.append(helper.make_node("Add", [y, offset], list(found.end.output), name=f"{name}.add"))
         replaced[id(found.end)] = nodes
         inits += new
         done.append(found.codes_name)
