@@ -61,6 +61,9 @@ def test_embed_model_config_file_and_bad_input(model, tmp_path, capsys):
                  "--per-row", "on", *extra]) == 0
     assert re.search(r"\| abs_max int4 packed.* \(auto: int2 0\.\d+, int4 0\.\d+\) \| per-row \|",
                      capsys.readouterr().out)
+    assert main(["embed", str(directory), str(tmp_path / "q4"), "--per-row", "on", "--scale-dtype", "float16",
+                 *extra]) == 0
+    assert "| abs_max int8 | per-row float16 | op sequence |" in capsys.readouterr().out
 
 
 def test_embed_fused_lookup(model, tmp_path, capsys, monkeypatch):
@@ -103,6 +106,12 @@ def test_embed_npy_table(tmp_path, capsys):
     assert (np.abs(back - table[[0, 4999]]) <= step / 2 + 1e-6).all()
     assert main(["embed", str(tmp_path / "t.npy"), str(tmp_path / "q.npy"), "--per-row", "auto"]) == 3
     assert "auto needs the table in memory" in capsys.readouterr().err
+    assert main(["embed", str(tmp_path / "t.npy"), str(tmp_path / "h.npy"), "--bits", "4", "--scale-dtype",
+                 "float16"]) == 0
+    assert "int4 packed 2 per byte, per-row float16 scale(s)" in capsys.readouterr().out
+    assert (tmp_path / "h.scales.npy").stat().st_size == 128 + 2 * 5000  # 2 bytes a row (header 128)
+    expected = qembed.quantize_table(table, bits=4, per_row=True, scale_dtype="float16").dequantize()
+    np.testing.assert_array_equal(qembed.table.load_quantized_npy(tmp_path / "h.npy").dequantize(), expected)
 
 
 def test_embed_without_qembed_names_the_package(monkeypatch, tmp_path):

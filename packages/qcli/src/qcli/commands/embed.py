@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-row", choices=list(PER_ROW), default=None,
                    help="scale per row: off (seed default for models), on (default for .npy), "
                         "auto (models: chosen by measured error)")
+    p.add_argument("--scale-dtype", choices=["float32", "float16"], default=None,
+                   help="how per-row scales (and offsets) are stored: float16 takes 2 bytes each instead of 4 "
+                        "(default float32; a single scale for the table stays float32)")
     p.add_argument("--fused-lookup", choices=list(ASYMMETRIC), default=None,
                    help="models: read tables with the compiled qembed_lookup op (build it with python -m "
                         "qembed.build_ext); auto: where it is built (default off: the op sequence)")
@@ -71,6 +74,8 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
         config.setdefault("asymmetric", ASYMMETRIC[args.asymmetric])
     if args.fused_lookup is not None:
         config.setdefault("fused_lookup", ASYMMETRIC[args.fused_lookup])
+    if args.scale_dtype is not None:
+        config.setdefault("scale_dtype", args.scale_dtype)
     if args.params_name:
         config.setdefault("params_name", args.params_name)
     if args.op_types:
@@ -99,7 +104,8 @@ def _run_model(qembed: Any, args: argparse.Namespace) -> int:
         if r.choice.errors_by_bits:
             scheme += " (auto: " + ", ".join(f"int{b} {e:.4f}" for b, e in r.choice.errors_by_bits.items()) + ")"
         print(f"| {r.name} | {', '.join(r.op_types)} | {r.shape[0]}x{r.shape[1]} | {scheme} | "
-              f"{'per-row' if r.choice.per_row else 'one'} | {r.lookup} | {r.choice.whole_table_error:.4f} | "
+              f"{_scales(r.choice.table) if r.choice.per_row else 'one'} | {r.lookup} | "
+              f"{r.choice.whole_table_error:.4f} | "
               f"{r.choice.per_row_error:.4f} | {r.float_bytes / 2**20:.2f} | {r.quantized_bytes / 2**20:.2f} |")
     source = args.source if args.source.is_dir() else args.source.parent
     print(f"\nmodel on disk: {_size(source) / 2**20:.2f} MiB -> {_size(files.directory) / 2**20:.2f} MiB")
@@ -108,6 +114,11 @@ def _run_model(qembed: Any, args: argparse.Namespace) -> int:
     if any(OP_TYPE in r.lookup for r in reports):
         print(f"the model uses the compiled {OP_TYPE} op: run `{BUILD_COMMAND}` on every machine that serves it")
     return 0
+
+
+def _scales(table: Any) -> str:
+    """'per-row', or 'per-row float16' when they are stored in 2 bytes."""
+    return "per-row" + (" float16" if table.scale_dtype == "float16" else "")
 
 
 def _run_table(qembed: Any, args: argparse.Namespace) -> int:
@@ -119,11 +130,11 @@ def _run_table(qembed: Any, args: argparse.Namespace) -> int:
                           "table")
     start = time.perf_counter()
     table = qembed.quantize_npy(args.source, args.out, args.quantize_type, args.bits, per_row, args.threshold,
-                                args.chunk_rows)
+                                args.chunk_rows, scale_dtype=args.scale_dtype or "float32")
     seconds = time.perf_counter() - start
     before, after = args.source.stat().st_size, args.out.stat().st_size + table.scales.nbytes
     print(f"{args.source} -> {args.out}: {len(table.codes)}x{table.dim} {table.quantize_type} int{table.bits}"
-          f"{' packed 2 per byte' if table.packed else ''}, {'per-row' if table.per_row else 'one'} scale(s)")
+          f"{' packed 2 per byte' if table.packed else ''}, {_scales(table) if table.per_row else 'one'} scale(s)")
     print(f"{before / 2**20:.2f} MiB -> {after / 2**20:.2f} MiB ({after / before:.3f}x) in {seconds:.2f} s "
           f"({before / seconds / 1e9:.2f} GB/s)")
     return 0
