@@ -91,7 +91,7 @@ def _ov_table(q: GroupCodes, name: str) -> tuple[list[str], list[Any], int]:
     """The OpenVINO form's initializers (unsigned codes ``[vocab, hidden]``, steps, zero points; ONNX packs 4-bit
     tensors two a byte over the flattened tensor, not per row), their names and the block; one line for a group
     that is no power-of-two block dividing ``hidden``. The steps are float32 whatever their dtype: the OpenVINO
-    frontend takes constant scales only, and float16 ones make the lookup compute in float16."""
+    frontend takes constant scales only, and with float16 ones ONNX Runtime computes the rows in float16."""
     from onnx import TensorProto, helper, numpy_helper
 
     hidden, vocab = q.codes.shape
