@@ -310,7 +310,7 @@ def test_v1_lookups_and_sparse_lookups_fuse_too(built, op_type, sparse):
     np.testing.assert_array_equal(outputs[1], outputs[0])
 
 
-def test_a_fused_model_is_refused_by_the_onnx_export_in_one_line(built, rows_model, tmp_path):
+def test_a_fused_model_is_refused_by_the_onnx_export_in_one_line(built, rows_model, tmp_path, monkeypatch):
     pytest.importorskip("paddle2onnx")
     from qcore.errors import ExportError
     from qcore.export import export_onnx
@@ -320,3 +320,7 @@ def test_a_fused_model_is_refused_by_the_onnx_export_in_one_line(built, rows_mod
     with pytest.raises(ExportError, match="custom op .*qembed_lookup.*fused_lookup=False"):
         export_onnx(files, tmp_path / "model.onnx")
     assert not (tmp_path / "model.onnx").exists()
+    monkeypatch.setenv(ext.DIR_ENV, str(tmp_path / "elsewhere"))  # a machine the op was not built on: same line,
+    monkeypatch.setattr(ext, "_registered", None)                  # not "build the op" (loading would need it)
+    with pytest.raises(ExportError, match="custom op .*qembed_lookup.*fused_lookup=False"):
+        export_onnx(files, tmp_path / "model.onnx")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +23,7 @@ from ..custom_ops import PROVIDERS
 from ..errors import ConfigError, ExportError
 from ..graph import Graph, open_graph
 from ..graph.base import StoredWeight, Unquantized
-from ..model_io import Model, ModelFiles, load_model, save_model
+from ..model_io import Model, ModelFiles, find_model_files, load_model, save_model
 from ..outputs import check_output_dir, write_bytes
 from .check import FLOAT_TOLERANCE, QDQ_TOLERANCE, check_export, check_inputs
 from .fusable import biases_into_convs
@@ -63,6 +63,15 @@ def fold_batch_norms(graph: Graph, taken: Unquantized) -> Unquantized:
     return Unquantized(taken.markers, weights)
 
 
+def _refuse_custom_ops(op_types: Iterable[str]) -> None:
+    """One line when a custom op (:data:`qcore.custom_ops.PROVIDERS`) is among ``op_types``: paddle2onnx cannot
+    convert it."""
+    custom = sorted({t for t in op_types for op in PROVIDERS if t.endswith(op)})
+    if custom:
+        raise ExportError(f"the model uses the custom op {custom[0]}, which paddle2onnx cannot convert; quantize it "
+                          "again without it for the ONNX runtimes (quant_embedding: fused_lookup=False)")
+
+
 def onnx_bytes(model: Model | ModelFiles | str | os.PathLike[str], *, activation_type: str = "uint8",
                dynamic: bool = False, opset: int = OPSET, feed: Mapping[str, np.ndarray] | None = None,
                runtime: str = "onnxruntime") -> bytes:
@@ -82,13 +91,13 @@ def onnx_bytes(model: Model | ModelFiles | str | os.PathLike[str], *, activation
         raise ExportError(f"activation_type={activation_type!r}: choose one of {', '.join(ACTIVATION_TYPES)}")
     if runtime not in TABLE_RUNTIMES:
         raise ExportError(f"runtime={runtime!r}: choose one of {', '.join(TABLE_RUNTIMES)}")
-    if not isinstance(model, Model):
-        model = load_model(model)
+    if not isinstance(model, Model):  # refused before loading: loading needs the op built on this machine
+        files = model if isinstance(model, ModelFiles) else find_model_files(model)
+        program = files.model_file.read_bytes()
+        _refuse_custom_ops(op for op in PROVIDERS if op.encode() in program)
+        model = load_model(files)
     graph = open_graph(model).clone()
-    custom = sorted({t for t in graph.op_types() for op in PROVIDERS if t.endswith(op)})
-    if custom:
-        raise ExportError(f"the model uses the custom op {custom[0]}, which paddle2onnx cannot convert; quantize it "
-                          "again without it for the ONNX runtimes (quant_embedding: fused_lookup=False)")
+    _refuse_custom_ops(graph.op_types())
     taken = fold_batch_norms(graph, graph.unquantize())
     padded = unpad_code_lookups(graph)
     with tempfile.TemporaryDirectory(prefix="qcore-onnx-") as tmp:
