@@ -156,3 +156,53 @@ def test_adaround_stores_its_rounding_and_improves_4_bit_top1(demo_data, tmp_pat
     top1 = {name: float((predict(tmp_path / name, {"image": x}, backend="native")[0].argmax(1) == y).mean())
             for name in ("nearest", "ada")}
     assert top1["ada"] > top1["nearest"]
+
+
+def test_central_windows_keep_whole_samples_while_they_fit_then_one_central_window():
+    from qptq.auto import MIN_WINDOW, central_windows
+
+    rng = np.random.default_rng(0)
+    small = rng.standard_normal((3, 2, 8, 8)).astype(np.float32)
+    assert central_windows([small], 3 * 64)[0] is small  # within the budget: as it is
+    two = central_windows([small], 2 * 64 + 10)  # two whole samples fit, not a third
+    assert len(two) == 1 and np.array_equal(two[0], small[:2])
+    page = rng.standard_normal((1, 2, 200, 400)).astype(np.float32)
+    window, = central_windows([page], 64 * 64)
+    h, w = window.shape[2:]
+    assert h * w <= 64 * 64 and h >= MIN_WINDOW and w >= MIN_WINDOW and w > h  # the page's aspect, roughly
+    top, left = (200 - h) // 2, (400 - w) // 2
+    assert np.array_equal(window, page[:, :, top : top + h, left : left + w])
+    tiny_budget, = central_windows([page], 10)  # never below MIN_WINDOW a side
+    assert tiny_budget.shape[2:] == (MIN_WINDOW, MIN_WINDOW)
+    # several shapes (pages of their own sizes): the first ones up to the budget, the rest not scored
+    kept = central_windows([small, page, page], 3 * 64 + 40 * 40)
+    assert [k.shape for k in kept] == [small.shape, (1, 2, MIN_WINDOW, 40 * 40 // MIN_WINDOW)]
+
+
+def test_auto_scores_a_conv_activation_on_a_bounded_window(tmp_path, monkeypatch):
+    """A large image's conv input is scored on at most scored_positions() positions, and the threshold auto takes
+    is the one with the least error on that window."""
+    from qcore.deploy import Deployment
+    from qptq import auto
+
+    net = paddle.nn.Sequential(paddle.nn.Conv2D(3, 8, 3, padding=1), paddle.nn.ReLU(), paddle.nn.Conv2D(8, 8, 3))
+    save_tiny_net(net, tmp_path / "pir", "pir", [paddle.static.InputSpec([None, 3, None, None], "float32", "x")])
+    graph = open_graph(load_model(tmp_path / "pir"))
+    targets = Deployment("native").targets(graph, ["conv2d"]).ops
+    second = targets[-1]
+    name = second.activations[0].name
+    x = np.abs(np.random.default_rng(1).standard_normal((2, 8, 300, 500))).astype(np.float32)
+    seen = []
+    run = auto.ReplayedLayer.run
+    monkeypatch.setattr(auto.ReplayedLayer, "run", lambda self, a, w=None: seen.append(a.shape) or run(self, a, w))
+    candidates = {name: {"abs_max": float(x.max()), "avg": float(x.max()) / 4}}
+    choice = auto.choose_thresholds(graph, [second], candidates, {name: [x]}, 8)[name]
+    budget = auto.scored_positions([auto.ReplayedLayer(graph, second)], 8)
+    assert budget < 2 * 300 * 500 and all(s[0] * s[2] * s[3] <= budget for s in seen)
+    window = auto.central_windows([x], budget)[0]
+    layer = auto.ReplayedLayer(graph, second)
+    reference = layer.run(window)
+    errors = {a: auto.squared_relative_error(layer.run(auto.fake_quantize_grid(window, t, 0.0, 8)), reference)
+              for a, t in candidates[name].items() if a != "auto"}
+    assert choice.errors == pytest.approx(errors, rel=1e-5)
+    assert choice.algo == min(errors, key=errors.get) and candidates[name]["auto"] == candidates[name][choice.algo]

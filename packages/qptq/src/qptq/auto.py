@@ -22,7 +22,7 @@ import paddle
 from qcore.deploy import OpTarget
 from qcore.graph import Graph
 from qcore.graph.replay import LayerReplay, replayable
-from qcore.optable import FC, kind_of
+from qcore.optable import CONV, DEPTHWISE, FC, kind_of
 from qcore.paddle_env import cpu_threads, eager_mode
 from qcore.quant import qmax
 from qcore.thresholds import ALGOS
@@ -78,9 +78,12 @@ def choose_thresholds(
                 continue
             stacks = stacked_by_shape(kept)
             layers = [ReplayedLayer(graph, t) if replayable(graph, t.op) else None for t in readers[name]]
+            weighted = [layer for layer in layers if layer is not None]
             if all(kind_of(t.op.seed_type) is FC for t in readers[name]):  # rows are independent: bound the time
-                rows = scored_rows([layer for layer in layers if layer is not None])
+                rows = scored_rows(weighted)
                 stacks = [first_rows(x, rows) for x in stacks]
+            elif all(spatial(t, layer) for t, layer in zip(readers[name], layers)):  # so are image windows
+                stacks = central_windows(stacks, scored_positions(weighted, stacks[0].shape[1]))
             references = [[layer.run(x) if layer else x for layer in layers] for x in stacks]
 
             replays = _Replays(stacks, references, layers, bits)
@@ -159,6 +162,65 @@ def scored_rows(layers: Sequence[ReplayedLayer]) -> int:
     return int(min(SCORED_ROWS, max(MIN_SCORED_ROWS, SCORED_MACS // max(macs, 1))))
 
 
+#: Smallest side of a scored window: well above any kernel's reach, so a window's border stays a small part of it.
+MIN_WINDOW = 32
+
+
+def spatial(target: OpTarget, layer: ReplayedLayer | None) -> bool:
+    """True when ``target`` reads an NCHW image position by position, so a window of it scores like the whole: a
+    conv or depthwise conv (not a transposed one: its ``output_size`` may fix the input size), or a reader
+    without an eager form (scored as the identity)."""
+    if layer is None:
+        return True
+    kind = kind_of(target.op.seed_type)
+    return kind in (CONV, DEPTHWISE) and str(layer.replay.attrs.get("data_format", "NCHW")) == "NCHW"
+
+
+def central_windows(stacks: list[np.ndarray], positions: int) -> list[np.ndarray]:
+    """Samples of NCHW ``stacks`` (most samples first) holding at most ``positions`` positions in all: whole
+    samples while they fit, then one central window of at least :data:`MIN_WINDOW` a side (or the whole side).
+
+    Scoring a candidate threshold replays the readers on every kept sample; det's pages (up to 960 x 960)
+    made ``auto`` 11x KL's time. Stacks of other ranks are kept whole."""
+    kept, left = [], positions
+    for x in stacks:
+        if x.ndim != 4:
+            kept.append(x)
+            continue
+        if left <= 0:
+            break
+        n, _, h, w = x.shape
+        if n * h * w <= left:
+            kept.append(x)
+            left -= n * h * w
+            continue
+        if h * w <= left:
+            kept.append(x[: left // (h * w)])
+            break
+        wh = min(h, max(MIN_WINDOW, int(np.sqrt(left * h / w))))
+        ww = min(w, max(MIN_WINDOW, left // wh))
+        top, start = (h - wh) // 2, (w - ww) // 2
+        kept.append(np.ascontiguousarray(x[:1, :, top : top + wh, start : start + ww]))
+        break
+    return kept
+
+
+#: Image positions (samples x height x width) a conv activation's candidates are scored on: within
+#: :data:`SCORED_MACS` and :data:`SCORED_VALUES`, from a 64 x 64 window to a 256 x 256 one.
+SCORED_POSITIONS = (64 * 64, 256 * 256)
+#: Activation values one candidate's scoring may read (a matmul's widest scored input: 1024 rows x 1536): depthwise
+#: convs cost little per value but Paddle's eager CPU kernel for them is slow (~0.1 s on a 256 x 256 x 96 map).
+SCORED_VALUES = SCORED_ROWS * 1536
+
+
+def scored_positions(layers: Sequence[ReplayedLayer], channels: int) -> int:
+    """Positions of a conv activation of ``channels`` channels to score candidates on (:data:`SCORED_POSITIONS`,
+    by the readers' size and the activation's width)."""
+    macs = sum(layer.weight_size for layer in layers)
+    budget = min(SCORED_MACS // max(macs, 1), SCORED_VALUES // max(channels, 1))
+    return int(min(SCORED_POSITIONS[1], max(SCORED_POSITIONS[0], budget)))
+
+
 class ReplayedLayer:
     """One weighted reader of an activation, replayed eagerly with its float weight (or another one)."""
 
@@ -169,7 +231,7 @@ class ReplayedLayer:
 
     @property
     def weight_size(self) -> int:
-        """Multiply-adds per input row (of a matmul)."""
+        """Multiply-adds per input row (of a matmul) or per output position (of a stride-1 conv)."""
         return int(self.weight.size)
 
     def run(self, x: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
