@@ -14,8 +14,9 @@ config's ``weights`` key: every matmul weight weight-only int8); int4 tables; bo
 and offsets (``scale_dtype``, where the issue's targets are checked); ``quantize_bits="auto"``; each
 also with the compiled lookup (``fused_lookup``) where ``python -m qembed.build_ext`` built it (``--fused``).
 Per variant: bytes on disk (x float), median latency at batch 1 / 64 / 512 in ``qcore.inference``'s predictor
-(oneDNN, 2 threads; every variant's runs interleaved), the mean absolute difference of the predicted CTR from
-float's, and the AUC of the float model's own top-decile labels (the float model scores 1).
+with oneDNN and without (2 threads; every variant's runs on both interleaved), as a ratio to the fastest float
+(on this model Paddle Inference runs float faster without oneDNN), the mean absolute difference of the
+predicted CTR from float's, and the AUC of the float model's own top-decile labels (the float model scores 1).
 
     python benchmarks/embed_dlrm.py [--quick] [--repeats 200] [--fused auto|on|off] [--out FILE]
 
@@ -227,25 +228,34 @@ def quantize(float_dir: Path, out_dir: Path, config: dict[str, Any]) -> tuple[An
     return files, f"{chosen_bits(reports)}; {reports[0].lookup}"
 
 
+BACKENDS = ("onednn", "native")  # Paddle Inference with oneDNN (qcore.inference's default) and without it
+
+
 def measure(files: dict[str, Any], scored: dict[str, np.ndarray], timed: dict[int, dict[str, np.ndarray]],
             repeats: int) -> tuple[list[dict[str, Any]], np.ndarray]:
-    """Every model's predictor at once: CTRs on ``scored``, interleaved latency per batch size; the float CTR's
-    5th / 50th / 95th percentiles."""
+    """Every model's predictor on each of :data:`BACKENDS` at once: CTRs on ``scored``, interleaved latency per
+    batch size, relative to the fastest float predictor at that batch size; the float CTR's 5th / 50th / 95th
+    percentiles."""
     from qcore.inference import create_predictor, run_predictor
     from qcore.scoring import interleaved_latency
 
-    predictors = {name: create_predictor(f, threads=2) for name, f in files.items()}
-    ctr = {name: np.concatenate([run_predictor(p, {k: v[i : i + 512] for k, v in scored.items()})[0]
-                                 for i in range(0, len(scored["dense"]), 512)]).ravel()
-           for name, p in predictors.items()}
-    labels = ctr["float"] >= np.quantile(ctr["float"], 0.9)
+    predictors = {f"{name} @ {backend}": create_predictor(f, threads=2, backend=backend)
+                  for name, f in files.items() for backend in BACKENDS}
+    ctr = {key: np.concatenate([run_predictor(p, {k: v[i : i + 512] for k, v in scored.items()})[0]
+                                for i in range(0, len(scored["dense"]), 512)]).ravel()
+           for key, p in predictors.items()}
+    reference = ctr[f"float @ {BACKENDS[0]}"]
+    labels = reference >= np.quantile(reference, 0.9)
     ms = {b: interleaved_latency(predictors, timed[b], repeats=repeats if b < 512 else max(repeats // 4, 3), warmup=3)
           for b in BATCHES}
-    rows = [{"name": name, "bytes": dir_bytes(f.directory), "ms": {b: ms[b][name] for b in BATCHES},
-             "x": {b: ms[b][name] / ms[b]["float"] for b in BATCHES},
-             "mad": float(np.mean(np.abs(ctr[name] - ctr["float"]))), "auc": auc(labels, ctr[name])}
-            for name, f in files.items()]
-    return rows, np.percentile(ctr["float"], [5, 50, 95])
+    fastest_float = {b: min(ms[b][f"float @ {backend}"] for backend in BACKENDS) for b in BATCHES}
+    rows = [{"name": name, "backend": backend, "bytes": dir_bytes(f.directory),
+             "ms": {b: ms[b][f"{name} @ {backend}"] for b in BATCHES},
+             "x": {b: ms[b][f"{name} @ {backend}"] / fastest_float[b] for b in BATCHES},
+             "mad": float(np.mean(np.abs(ctr[f"{name} @ {backend}"] - reference))),
+             "auc": auc(labels, ctr[f"{name} @ {backend}"])}
+            for name, f in files.items() for backend in BACKENDS]
+    return rows, np.percentile(reference, [5, 50, 95])
 
 
 def main() -> None:
@@ -280,7 +290,8 @@ def main() -> None:
             family_results, ctr_spread = in_child(measure, files, scored, timed, repeats)
             for r in family_results:
                 r.update(family=family, form=forms[r["name"]])
-                print(family, r["name"], f"{r['bytes'] / 2**20:.1f} MiB", {b: f"{r['x'][b]:.2f}x" for b in BATCHES},
+                print(family, r["name"], r["backend"], f"{r['bytes'] / 2**20:.1f} MiB",
+                      {b: f"{r['x'][b]:.2f}x" for b in BATCHES},
                       f"MAD {r['mad']:.2e} AUC {r['auc']:.4f}", r["form"], flush=True)
             results += family_results
     float_bytes = {r["family"]: r["bytes"] for r in results if r["name"] == "float"}
@@ -296,19 +307,21 @@ def main() -> None:
         "sigmoid; random weights (log-normal row norms), Zipf(1.1) ids, float CTR 5/50/95th percentiles "
         f"{ctr_spread[0]:.3f} / {ctr_spread[1]:.3f} / {ctr_spread[2]:.3f}. Each variant is one "
         "`quant_embedding_model` call. Latency: median ms of interleaved runs in `qcore.inference.create_predictor` "
-        f"(oneDNN, 2 threads; {repeats} rounds at batch 1 and 64, {max(repeats // 4, 3)} at 512). CTR MAD: mean "
+        f"(oneDNN and native, 2 threads; {repeats} rounds at batch 1 and 64, {max(repeats // 4, 3)} at 512). "
+        "x: ms over the fastest float predictor's ms (oneDNN or native) at that batch size. CTR MAD: mean "
         f"|CTR - float CTR| over {len(scored['dense'])} samples; AUC: of the float model's own top-decile labels. "
         f"Machine: {describe_cpu()}, Paddle {paddle.__version__}. Produced by `benchmarks/embed_dlrm.py`.",
         "",
         "Targets (issue 42, batch 64), on the float16-scale variants: int8 tables + int8 MLPs <= 0.8x float "
         "latency at <= 0.27x bytes and CTR MAD <= 1e-3; int4 tables <= 0.16x bytes at CTR MAD <= 3e-3.",
         "",
-        "| IR | variant | tables as | MiB | x float | b=1 ms | x | b=64 ms | x | b=512 ms | x | CTR MAD | AUC |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| IR | variant | tables as | backend | MiB | x float | b=1 ms | x | b=64 ms | x | b=512 ms | x | CTR MAD "
+        "| AUC |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         cells = " | ".join(f"{r['ms'][b]:.2f} | {r['x'][b]:.2f}" for b in BATCHES)
-        lines.append(f"| {r['family']} | {r['name']} | {r['form']} | {r['bytes'] / 2**20:.1f} | "
+        lines.append(f"| {r['family']} | {r['name']} | {r['form']} | {r['backend']} | {r['bytes'] / 2**20:.1f} | "
                      f"{r['bytes'] / float_bytes[r['family']]:.3f} | {cells} | {r['mad']:.2e} | {r['auc']:.4f} |")
     lines += ["", "Against the targets:", ""]
     for r in results:
@@ -321,7 +334,7 @@ def main() -> None:
                   f"CTR MAD {r['mad']:.1e} {'<=' if r['mad'] <= mad else '>'} {mad:.0e}"]
         if lat is not None:
             checks.insert(0, f"b=64 latency {r['x'][64]:.2f}x {'<=' if r['x'][64] <= lat else '>'} {lat}")
-        lines.append(f"* {r['family']}, {r['name']}: " + "; ".join(checks))
+        lines.append(f"* {r['family']}, {r['name']} on {r['backend']}: " + "; ".join(checks))
     out = args.out or (None if args.quick else RESULTS / "embed_dlrm.md")
     text = "\n".join(lines) + "\n"
     if out is not None:
