@@ -206,3 +206,29 @@ def test_auto_scores_a_conv_activation_on_a_bounded_window(tmp_path, monkeypatch
               for a, t in candidates[name].items() if a != "auto"}
     assert choice.errors == pytest.approx(errors, rel=1e-5)
     assert choice.algo == min(errors, key=errors.get) and candidates[name]["auto"] == candidates[name][choice.algo]
+
+
+def test_auto_scores_a_reader_whose_weight_stays_float(tmp_path):
+    """ONNX Runtime keeps transposed convs' weights float but quantizes their inputs: auto replays them with the
+    float weight (it failed on PP-OCRv4 det)."""
+    from qcore.deploy import Deployment
+    from qptq import auto
+
+    net = paddle.nn.Sequential(paddle.nn.Conv2D(3, 8, 3, padding=1), paddle.nn.ReLU(),
+                               paddle.nn.Conv2DTranspose(8, 4, 2, stride=2))
+    save_tiny_net(net, tmp_path / "legacy", "legacy_pdmodel",
+                  [paddle.static.InputSpec([None, 3, 16, 16], "float32", "x")])
+    graph = open_graph(load_model(tmp_path / "legacy"))
+    up = next(t for t in Deployment("onnxruntime").targets(graph, ["conv2d"]).ops
+              if t.op.seed_type == "conv2d_transpose")
+    assert up.weight is None and up.activations
+    name = up.activations[0].name
+    x = np.abs(np.random.default_rng(2).standard_normal((2, 8, 16, 16))).astype(np.float32)
+    candidates = {name: {"abs_max": float(x.max()), "avg": float(x.max()) / 4}}
+    choice = auto.choose_thresholds(graph, [up], candidates, {name: [x]}, 8)[name]
+    layer = auto.ReplayedLayer(graph, up)
+    assert np.array_equal(layer.weight, graph.get_param(graph.weight_operand(up.op).name))
+    reference = layer.run(x)
+    errors = {a: auto.squared_relative_error(layer.run(auto.fake_quantize_grid(x, t, 0.0, 8)), reference)
+              for a, t in candidates[name].items() if a != "auto"}
+    assert choice.errors == pytest.approx(errors, rel=1e-5) and choice.algo == min(errors, key=errors.get)

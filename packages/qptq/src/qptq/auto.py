@@ -225,9 +225,10 @@ class ReplayedLayer:
     """One weighted reader of an activation, replayed eagerly with its float weight (or another one)."""
 
     def __init__(self, graph: Graph, target: OpTarget) -> None:
-        assert target.weight is not None
+        weight = target.weight or graph.weight_operand(target.op)  # a reader whose weight stays float has none
+        assert weight is not None
         self.replay = LayerReplay(graph, target.op)
-        self.weight = graph.get_param(target.weight.name).astype(np.float32)
+        self.weight = graph.get_param(weight.name).astype(np.float32)
 
     @property
     def weight_size(self) -> int:
