@@ -209,8 +209,8 @@ def test_auto_scores_a_conv_activation_on_a_bounded_window(tmp_path, monkeypatch
 
 
 def test_auto_scores_a_reader_whose_weight_stays_float(tmp_path):
-    """ONNX Runtime keeps transposed convs' weights float but quantizes their inputs: auto replays them with the
-    float weight (it failed on PP-OCRv4 det)."""
+    """A transposed conv outside quantizable_op_type reading a quantized conv's output gets an input QDQ on ONNX
+    Runtime but keeps its float weight: auto replays it with that weight (it failed on PP-OCRv4 det)."""
     from qcore.deploy import Deployment
     from qptq import auto
 
