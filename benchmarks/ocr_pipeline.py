@@ -142,7 +142,7 @@ def build(runtime: str, calib: dict[str, list[dict[str, np.ndarray]]], work: Pat
                               roles=[role])[role]
 
     makers: dict[str, Callable[[str], Path]] = {
-        f"ours ({algo or 'default algo'})": ours,
+        f"ours ({algo or 'the recipe'})": ours,
         "ORT quantize_static": lambda role: ort_static(floats[role], calib[role],
                                                        work / f"ort.{role}.{runtime}.onnx"),
     }
