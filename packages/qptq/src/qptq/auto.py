@@ -225,9 +225,9 @@ class ReplayedLayer:
     """One weighted reader of an activation, replayed eagerly with its float weight (or another one)."""
 
     def __init__(self, graph: Graph, target: OpTarget) -> None:
-        weight = target.weight or graph.weight_operand(target.op)  # a reader whose weight stays float has none
+        self.replay = LayerReplay(graph, target.op)  # only an op with a parameter weight replays
+        weight = graph.weight_operand(target.op)  # its float weight, quantized or not (``target.weight`` may be None)
         assert weight is not None
-        self.replay = LayerReplay(graph, target.op)
         self.weight = graph.get_param(weight.name).astype(np.float32)
 
     @property
