@@ -36,7 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
@@ -51,7 +51,17 @@ from ppocr_int8 import MODELS, RECIPE, Session, float_onnx, quantize_ppocr, rapi
 RESULTS = Path(__file__).parent / "results" / "ocr_pipeline.md"
 RUNTIMES = ("onnxruntime", "openvino-runtime")
 THREADS = 2
-Page = tuple[np.ndarray, list[tuple[str, tuple[int, int, int, int]]]]  # BGR pixels, (text, box) per line
+
+
+class Line(NamedTuple):
+    """A rendered line: its text, its box on the page (x0, y0, x1, y1), whether it is upside down."""
+
+    text: str
+    box: tuple[int, int, int, int]
+    upside_down: bool
+
+
+Page = tuple[np.ndarray, list[Line]]  # BGR pixels, the lines on it
 
 
 def render_page(rng: random.Random, width: int = 960, height: int = 736) -> Page:
@@ -66,22 +76,23 @@ def render_page(rng: random.Random, width: int = 960, height: int = 736) -> Page
         left, top, right, bottom = font.getbbox(text)
         line = Image.new("RGB", (right - left + 12, bottom - top + 12), page.getpixel((0, 0)))
         ImageDraw.Draw(line).text((6 - left, 6 - top), text, fill=(rng.randint(0, 70),) * 3, font=font)
-        if rng.random() < 0.25:
+        upside_down = rng.random() < 0.25
+        if upside_down:
             line = line.rotate(180)
         x = rng.randint(10, max(10, width - line.width - 10))
         if y + line.height > height - 10 or line.width > width - 20:
             break
         page.paste(line, (x, y))
-        lines.append((text, (x, y, x + line.width, y + line.height)))
+        lines.append(Line(text, (x, y, x + line.width, y + line.height), upside_down))
         y += line.height + rng.randint(15, 60)
     return np.ascontiguousarray(np.asarray(page)[:, :, ::-1]), lines
 
 
-def read_lines(result: Any, truth: list[tuple[str, tuple[int, int, int, int]]]) -> list[str]:
+def read_lines(result: Any, truth: list[Line]) -> list[str]:
     """The text read inside each ground-truth box: detected boxes by centre, left to right."""
     found = [] if result is None else [(np.asarray(box, np.float32).mean(0), text) for box, text, _ in result]
     read = []
-    for _, (x0, y0, x1, y1) in truth:
+    for x0, y0, x1, y1 in (line.box for line in truth):
         inside = sorted((c[0], t) for c, t in found if x0 <= c[0] <= x1 and y0 <= c[1] <= y1)
         read.append(" ".join(t for _, t in inside))
     return read
@@ -176,8 +187,8 @@ def measure(runtime: str, variants: dict[str, dict[str, Path]], pages: list[Page
         for image, truth in pages:
             read = read_lines(ocr(image)[0], truth)
             reads.append(read)
-            accuracy.append(np.mean([char_accuracy(r, t) for r, (t, _) in zip(read, truth)]))
-            exact.extend(r == t for r, (t, _) in zip(read, truth))
+            accuracy.append(np.mean([char_accuracy(r, line.text) for r, line in zip(read, truth)]))
+            exact.extend(r == line.text for r, line in zip(read, truth))
         if name == "float":
             float_read = reads
         agree = [a == b for page, ref in zip(reads, float_read) for a, b in zip(page, ref)]

@@ -35,14 +35,16 @@ MODELS = {
 Batches = list[dict[str, np.ndarray]]
 #: (role, runtime) -> quant_post_static options where int8 everywhere costs time or accuracy (docs/ppocr.md):
 #: cls's depthwise convs run slower in int8 than in float on ONNX Runtime (Q/DQ and layout transposes around small
-#: convs); on the OpenVINO runtime cls in int8 is slower than float however placed, so it stays float (None), and
-#: rec's depthwise convs stay float (int8 inputs there cost 5 points of page accuracy, 1.7 with them float). det
+#: convs); on the OpenVINO runtime cls in int8 is slower than float however placed, so it stays float (None).
+#: rec's depthwise convs stay float on both runtimes (benchmarks/ocr_models.py, 60 pages: exact match with all int8
+#: 3.6 / 2.9 points under float on ONNX Runtime / OpenVINO, within 0.8 with them float). det
 #: takes ``algo="auto"`` (OpenVINO, 40 pages: text-pixel IoU with float 96.9 against KL's 93.1, in 1.8x KL's time).
 RECIPE: dict[tuple[str, str], dict[str, Any] | None] = {
     ("det", "onnxruntime"): {"algo": "auto"},
     ("det", "openvino-runtime"): {"algo": "auto"},
     ("cls", "onnxruntime"): {"quantizable_op_type": ["conv2d", "mul"]},
     ("cls", "openvino-runtime"): None,
+    ("rec", "onnxruntime"): {"quantizable_op_type": ["conv2d", "mul"]},
     ("rec", "openvino-runtime"): {"quantizable_op_type": ["conv2d", "mul"]},
 }
 

