@@ -6,7 +6,7 @@ Calibration: the inputs RapidOCR's float pipeline feeds each model on the calibr
 RapidOCR's own pre- and post-processing per stage on the ground truth, so one model's errors do not reach the next:
 
 * det: box F1 at IoU >= 0.5 between the detected boxes' bounding rectangles and the rendered lines' boxes, and
-  at IoU >= 0.8 (clean rendered pages saturate the first; the second sees boxes drift);
+  (clean rendered pages saturate that) F1 at IoU >= 0.8 against the float model's boxes: how far boxes drift;
 * cls: 0 / 180 accuracy on the crops of the rendered lines (a quarter are upside down);
 * rec: exact match and character accuracy on the upright crops of the rendered lines, spaces ignored (as
   PaddleOCR's ``RecMetric`` does by default: the font's narrow spaces are not what is measured).
@@ -42,14 +42,22 @@ from qptq import quant_post_static
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
 sys.path.insert(0, str(Path(__file__).parent))
-from ocr_pipeline import (RUNTIMES, THREADS, Page, char_accuracy, load, nncf_static, one_line,  # noqa: E402
-                          ort_static, render_page)
-from ppocr_int8 import (MODELS, RECIPE, Batches, Session, float_onnx, package_dir, quantize_ppocr,  # noqa: E402
-                        rapidocr, record_inputs)
+from ocr_pipeline import RUNTIMES, THREADS, Page, char_accuracy, load, nncf_static, one_line, ort_static, render_page  # noqa: E402
+from ppocr_int8 import (  # noqa: E402
+    MODELS,
+    RECIPE,
+    Batches,
+    Session,
+    float_onnx,
+    package_dir,
+    quantize_ppocr,
+    rapidocr,
+    record_inputs,
+)
 
 RESULTS = Path(__file__).parent / "results" / "ocr_models.md"
-DET_IOU = (0.5, 0.8)
-METRIC = {"det": "box F1 at IoU 0.5 (at 0.8)", "cls": "0/180 accuracy", "rec": "exact match (char accuracy)"}
+METRIC = {"det": "box F1 at IoU 0.5 (F1 at IoU 0.8 against float's boxes)", "cls": "0/180 accuracy",
+          "rec": "exact match (char accuracy)"}
 Box = tuple[float, float, float, float]
 
 
@@ -82,27 +90,38 @@ def crops(pages: list[Page]) -> tuple[list[np.ndarray], list[str], list[bool]]:
     return images, texts, flipped
 
 
-def score(role: str, ocr: Any, pages: list[Page]) -> tuple[float, str]:
-    """The role's metric on the test pages: (the number compared, as printed)."""
+def detected(ocr: Any, pages: list[Page]) -> list[list[Box]]:
+    """The bounding rectangle of every box det finds, per page."""
+    found = []
+    for image, _ in pages:
+        boxes, _ = ocr.text_det(image)
+        found.append([] if boxes is None else [(*np.min(b, 0), *np.max(b, 0)) for b in np.asarray(boxes)])
+    return found
+
+
+def f1(found: list[list[Box]], truth: list[list[Box]], threshold: float) -> float:
+    counts = np.sum([box_f1(f, t, threshold) for f, t in zip(found, truth)], axis=0)
+    return 100 * 2 * counts[0] / max(counts[1] + counts[2], 1)
+
+
+def score(role: str, ocr: Any, pages: list[Page], float_boxes: list[list[Box]] | None) -> tuple[float, str, Any]:
+    """The role's metric on the test pages: (the number compared, as printed, det's boxes)."""
     if role == "det":
-        counts = np.zeros((len(DET_IOU), 3))
-        for image, lines in pages:
-            boxes, _ = ocr.text_det(image)
-            rects = [] if boxes is None else [(*np.min(b, 0), *np.max(b, 0)) for b in np.asarray(boxes)]
-            counts += [box_f1(rects, [line.box for line in lines], threshold) for threshold in DET_IOU]
-        f1 = 100 * 2 * counts[:, 0] / np.maximum(counts[:, 1] + counts[:, 2], 1)
-        return float(f1[0]), f"{f1[0]:.2f} ({f1[1]:.2f})"
+        boxes = detected(ocr, pages)
+        truth = f1(boxes, [[line.box for line in lines] for _, lines in pages], 0.5)
+        as_float = f1(boxes, float_boxes or boxes, 0.8)
+        return truth, f"{truth:.2f} ({as_float:.2f})", boxes
     images, texts, flipped = crops(pages)
     if role == "cls":
         _, labels, _ = ocr.text_cls(images)
-        right = np.mean([("180" in label) == upside for (label, _), upside in zip(labels, flipped)])
-        return 100 * float(right), f"{100 * right:.2f}"
+        right = 100 * float(np.mean([("180" in label) == upside for (label, _), upside in zip(labels, flipped)]))
+        return right, f"{right:.2f}", None
     upright = [img[::-1, ::-1] if upside else img for img, upside in zip(images, flipped)]
     read = [text.replace(" ", "") for text, _ in ocr.text_rec(upright)[0]]
     texts = [text.replace(" ", "") for text in texts]
     exact = 100 * float(np.mean([r == t for r, t in zip(read, texts)]))
     chars = 100 * float(np.mean([char_accuracy(r, t) for r, t in zip(read, texts)]))
-    return exact, f"{exact:.2f} ({chars:.2f})"
+    return exact, f"{exact:.2f} ({chars:.2f})", None
 
 
 def latency_input(role: str, calib: dict[str, Batches]) -> dict[str, np.ndarray]:
@@ -163,10 +182,11 @@ def measure(role: str, runtime: str, calib: dict[str, Batches], pages: list[Page
         except Exception as error:  # the runtime refusing a variant's model is a result too
             notes.append(f"{name}, {role} on {runtime}: the runtime cannot load it: {one_line(error)}")
             continue
-        metrics[name] = score(role, rapidocr({role: Session(predictors[name])}, THREADS), pages)
+        metrics[name] = score(role, rapidocr({role: Session(predictors[name])}, THREADS), pages,
+                              metrics["float"][2] if metrics else None)
     ms = interleaved_latency(predictors, latency_input(role, calib), repeats=repeats)
     rows = []
-    for name, (value, shown) in metrics.items():
+    for name, (value, shown, _) in metrics.items():
         delta = "" if name == "float" else f"{value - metrics['float'][0]:+.2f}"
         spent = f"{seconds[name]:.0f}" if name in seconds else ""
         rows.append(f"| {role} | {runtime} | {name} | {shown} | {delta} | {ms[name]:.2f} | "

@@ -1,17 +1,16 @@
 """Activation smoothing (SmoothQuant, Xiao et al. 2023), applied where it lowers the layer output error.
 
-An activation with a few large channels (transformer LayerNorm and GELU outputs, a CNN's hard-swish outputs)
-gets one coarse per-tensor grid. Dividing its channel ``j`` by ``s_j`` and multiplying the input channel ``j`` of
-every weight that reads it by ``s_j`` leaves the float model unchanged (``(x / s) (s W) = x W``; a conv is linear
-in each input channel too) and moves the spread into the weights, which are quantized per output channel. With
-``s_j = max|x_j| ** alpha / max |W_j| ** (1 - alpha)`` (the max over every reader's input channel ``j``), the
+A matmul input with a few large channels (transformer LayerNorm and GELU outputs) gets one coarse
+per-tensor grid. Dividing its channel ``j`` by ``s_j`` and multiplying row ``j`` of every weight that
+reads it by ``s_j`` leaves the float model unchanged (``(x / s) (s W) = x W``) and moves the spread
+into the weights, which are quantized per output channel. With
+``s_j = max|x_j| ** alpha / max_k |W_jk| ** (1 - alpha)`` (the max over every reader's row ``j``), the
 strength ``alpha`` is chosen per activation among :data:`ALPHAS` and "off" (unless one divides the error by
 :data:`MIN_GAIN`) by the readers' output error
 with both operands quantized, ``sum ||op(Q(x / s), Qw(s W)) - op(x, W)||^2 / ||op(x, W)||^2`` on the
 samples calibration keeps, each candidate at its best threshold (of :data:`SCORED_ALGOS`) on the deployment grid.
-Readers are matmuls (channels last) or NCHW convs with one group or one channel per group (channels on axis 1),
-not both for one activation. The division is a multiply by ``1 / s`` inserted before the readers
-(:meth:`qcore.graph.Graph.scale_activation`); runtimes fuse it into the quantize step that follows.
+The division is a multiply by ``1 / s`` inserted before the readers (:meth:`qcore.graph.Graph.scale_activation`);
+runtimes fuse it into the quantize step that follows.
 """
 
 from __future__ import annotations
@@ -30,13 +29,12 @@ from qcore.graph import Graph
 from qcore.graph.replay import replayable
 from qcore.model_io import Model
 from qcore.observers import HistogramObserver
-from qcore.optable import CONV, DEPTHWISE, FC, kind_of
+from qcore.optable import FC, kind_of
 from qcore.paddle_env import cpu_threads, eager_mode
 from qcore.quant import fake_quantize
 from qcore.thresholds import search_threshold
 
-from .auto import (ReplayedLayer, central_windows, fake_quantize_grid, scored_positions, scored_rows, spatial,
-                   squared_relative_error)
+from .auto import ReplayedLayer, fake_quantize_grid, scored_rows, squared_relative_error
 from .calibrate import first_rows, stacked_by_shape
 from .sharded import calibrate_sharded
 
@@ -66,37 +64,11 @@ class Smoothing:
     factors: np.ndarray | None = None  # s (the activation is divided by it, the weight rows multiplied)
 
 
-def weight_input_axis(graph: Graph, target: OpTarget) -> int | None:
-    """The axis of ``target``'s weight that meets the activation's channels, or None when its input channels
-    cannot be scaled one by one: a matmul's 2-D weight (0, or 1 when transposed), a one-group NCHW conv's ``[out,
-    in, kh, kw]`` (1), a depthwise conv's ``[channels, 1, kh, kw]`` (0); not a grouped conv, nor an op without an
-    eager replay."""
-    assert target.weight is not None
-    shape = graph.get_param(target.weight.name).shape
-    kind = kind_of(target.op.seed_type)
-    if not replayable(graph, target.op):
-        return None
-    if kind is FC:
-        return 1 - (graph.weight_channel_axis(target.op) or 0) if len(shape) == 2 else None
-    if kind not in (CONV, DEPTHWISE) or len(shape) != 4 or not spatial(target, ReplayedLayer(graph, target)):
-        return None
-    groups = int(graph.attrs(target.op).get("groups", 1) or 1)
-    if groups == 1 and kind is CONV:
-        return 1
-    return 0 if shape[1] == 1 and groups == shape[0] else None
-
-
-def activation_axis(graph: Graph, target: OpTarget) -> int:
-    """The channel axis of the activation ``target`` reads, from the end: last for a matmul, third from last for
-    an NCHW conv."""
-    return -1 if kind_of(target.op.seed_type) is FC else -3
-
-
 def smoothable(graph: Graph, targets: Sequence[OpTarget]) -> dict[str, list[OpTarget]]:
-    """Activations read only by weighted targets whose input channels scale one by one (:func:`weight_input_axis`)
-    and of one family (matmuls, or convs), with those readers (in program order). An activation also read by
-    another weighted target, or by one whose weight another op reads too (an LM head tied to the embedding table:
-    scaling its rows would scale the lookup), is left out."""
+    """Activations read by weighted matmul-kind targets with 2-D weights, with those readers (in program
+    order); an activation also read by another kind of weighted target (a conv), or by a matmul whose weight
+    another op reads too (an LM head tied to the embedding table: scaling its rows would scale the lookup),
+    is left out."""
     weight_readers = Counter(w.name for op in graph.ops() if (w := graph.weight_operand(op)) is not None)
     groups: dict[str, list[OpTarget]] = {}
     other: set[str] = set()
@@ -104,10 +76,10 @@ def smoothable(graph: Graph, targets: Sequence[OpTarget]) -> dict[str, list[OpTa
         if target.weight is None or len(target.activations) != 1:
             continue
         name = target.activations[0].name
-        fits = weight_readers[target.weight.name] == 1 and weight_input_axis(graph, target) is not None
+        fits = (kind_of(target.op.seed_type) is FC and replayable(graph, target.op)
+                and graph.get_param(target.weight.name).ndim == 2 and weight_readers[target.weight.name] == 1)
         (groups.setdefault(name, []).append(target) if fits else other.add(name))
-    return {name: readers for name, readers in groups.items()
-            if name not in other and len({activation_axis(graph, t) for t in readers}) == 1}
+    return {name: readers for name, readers in groups.items() if name not in other}
 
 
 def choose_smoothing(
@@ -129,13 +101,9 @@ def choose_smoothing(
                 continue
             stacks = stacked_by_shape(kept)  # scored on the largest stack, channel maxima from all
             layers = [_Reader(graph, t) for t in readers]
-            axis = activation_axis(graph, readers[0])
-            if axis == -1:
-                x = first_rows(stacks[0], scored_rows(layers))
-            else:
-                x = central_windows(stacks[:1], scored_positions(layers, stacks[0].shape[axis]))[0]
+            x = first_rows(stacks[0], scored_rows(layers))
             references = [layer.run(x) for layer in layers]
-            x_max = np.max([channel_max(s, axis) for s in stacks], axis=0)
+            x_max = np.max([np.abs(s.reshape(-1, s.shape[-1])).max(0) for s in stacks], axis=0)
             w_max = np.max([layer.row_max() for layer in layers], axis=0)
             errors: dict[str, float] = {}
             factors: dict[str, np.ndarray | None] = {"off": None}
@@ -143,8 +111,7 @@ def choose_smoothing(
                 s = np.power(np.maximum(x_max, 1e-5), alpha) / np.power(np.maximum(w_max, 1e-5), 1 - alpha)
                 factors[str(alpha)] = (s / np.exp(np.log(s).mean())).astype(np.float32)  # geometric mean 1
             for label, s in factors.items():
-                errors[label] = _error(x, s, axis, layers, references, weight_bits, activation_bits, grid,
-                                       hist_percent)
+                errors[label] = _error(x, s, layers, references, weight_bits, activation_bits, grid, hist_percent)
             best = min(errors, key=lambda k: errors[k])
             if errors[best] * MIN_GAIN > errors["off"]:
                 best = "off"
@@ -162,18 +129,17 @@ def apply_smoothing(graph: Graph, groups: dict[str, list[OpTarget]], choices: Se
         for target in readers:
             assert target.weight is not None
             weight = graph.get_param(target.weight.name)
-            graph.set_param(target.weight.name, (weight * along(choice.factors, weight_input_axis(graph, target),
-                                                                weight.ndim)).astype(weight.dtype))
-        graph.scale_activation([t.activations[0] for t in readers], 1.0 / choice.factors,
-                               channel_axis=activation_axis(graph, readers[0]))
+            rows = choice.factors[:, None] if graph.weight_channel_axis(target.op) == 1 else choice.factors[None, :]
+            graph.set_param(target.weight.name, (weight * rows).astype(weight.dtype))
+        graph.scale_activation([t.activations[0] for t in readers], 1.0 / choice.factors)
         done += 1
     return done
 
 
 def smooth_graph(graph: Graph, targets: list[OpTarget], config: PTQConfig, model: Model, keep_samples: int
                  ) -> list[Smoothing]:
-    """Graph preparation for ``auto``: activation smoothing where it lowers the conv and matmul outputs' error
-    (:mod:`qptq.smooth`), from a pass that keeps samples of their inputs; returns the choice for each."""
+    """Graph preparation for ``auto``: activation smoothing where it lowers the matmul outputs' error
+    (:mod:`qptq.smooth`), from a pass that keeps samples of the matmul inputs; returns the choice for each."""
     groups = smoothable(graph, targets)
     if not groups:
         return []
@@ -185,27 +151,14 @@ def smooth_graph(graph: Graph, targets: list[OpTarget], config: PTQConfig, model
                                hist_percent=config.calibration.hist_percent,
                                grid=lambda threshold, lo, hi: deployment.activation_grid(grids, threshold, lo, hi))
     smoothed = apply_smoothing(graph, groups, choices)
-    log.info("activation smoothing: %d of %d conv and matmul inputs smoothed", smoothed, len(groups))
+    log.info("activation smoothing: %d of %d matmul inputs smoothed", smoothed, len(groups))
     return choices
 
 
-def along(factors: np.ndarray, axis: int | None, ndim: int) -> np.ndarray:
-    """``factors`` shaped to multiply an array of ``ndim`` dimensions along ``axis``."""
-    assert axis is not None
-    shape = [1] * ndim
-    shape[axis] = -1
-    return factors.reshape(shape)
-
-
-def channel_max(x: np.ndarray, axis: int) -> np.ndarray:
-    """The abs max of each channel (on ``axis``) of ``x``."""
-    return np.abs(np.moveaxis(x, axis, -1).reshape(-1, x.shape[axis])).max(0)
-
-
-def _error(x: np.ndarray, s: np.ndarray | None, axis: int, layers: list[_Reader], references: list[np.ndarray],
+def _error(x: np.ndarray, s: np.ndarray | None, layers: list[_Reader], references: list[np.ndarray],
            weight_bits: int, activation_bits: int, grid: Grid, hist_percent: float) -> float:
     """The readers' summed output error with ``x / s`` and ``s W`` quantized, at the best threshold."""
-    xs = x if s is None else x / along(s, axis, x.ndim)
+    xs = x if s is None else x / s
     observer = HistogramObserver()
     observer.update(xs)
     weights = [layer.quantized_weight(s, weight_bits) for layer in layers]
@@ -223,18 +176,18 @@ def _error(x: np.ndarray, s: np.ndarray | None, axis: int, layers: list[_Reader]
 
 
 class _Reader(ReplayedLayer):
-    """One matmul or conv reading the activation, replayed eagerly."""
+    """One matmul reading the activation, replayed eagerly; its weight rows are the input channels."""
 
     def __init__(self, graph: Graph, target: OpTarget) -> None:
         super().__init__(graph, target)
-        self.out_axis = graph.weight_channel_axis(target.op) or 0  # 1: a matmul's [in, out]; else 0
-        self.in_axis = weight_input_axis(graph, target)
+        self.out_axis = graph.weight_channel_axis(target.op) or 0  # 1: [in, out]; 0: transposed [out, in]
+        self.in_axis = 1 - self.out_axis
 
     def row_max(self) -> np.ndarray:
-        """The abs max of each input channel of the weight."""
-        return channel_max(self.weight, self.in_axis)
+        return np.abs(self.weight).max(axis=self.out_axis)
+
 
     def quantized_weight(self, s: np.ndarray | None, bits: int) -> np.ndarray:
-        """``s W`` (input channels scaled) fake-quantized per output channel at its abs max."""
-        w = self.weight if s is None else self.weight * along(s, self.in_axis, self.weight.ndim)
-        return fake_quantize(w, np.maximum(channel_max(w, self.out_axis), 1e-12), bits, axis=self.out_axis)
+        """``s W`` (rows scaled) fake-quantized per output channel at its abs max."""
+        w = self.weight if s is None else self.weight * np.expand_dims(s, self.out_axis)
+        return fake_quantize(w, np.maximum(np.abs(w).max(axis=self.in_axis), 1e-12), bits, axis=self.out_axis)

@@ -409,21 +409,18 @@ class Graph(ABC):
                 self._made.add(self._key(self._act_qdq[key]))
             self._set_operand(operand, self._act_qdq[key])
 
-    def scale_activation(self, operands: Sequence[Operand], factors: np.ndarray, channel_axis: int = -1) -> None:
-        """Make each of ``operands`` (readers of one activation) read it multiplied by ``factors`` along its axis
-        ``channel_axis`` (counted from the end: -1 for a matmul input, -3 for an NCHW image): one multiply by a
-        new parameter, before the first reader, that they all share. The product is an ordinary activation (the
-        readers quantize it); other readers keep the original. Activation smoothing (:mod:`qptq.smooth`) divides
-        an activation this way and multiplies the weights."""
+    def scale_activation(self, operands: Sequence[Operand], factors: np.ndarray) -> None:
+        """Make each of ``operands`` (readers of one activation) read it multiplied by ``factors`` along its
+        last axis: one multiply by a new parameter, before the first reader, that they all share. The
+        product is an ordinary activation (the readers quantize it); other readers keep the original.
+        Activation smoothing (:mod:`qptq.smooth`) divides an activation this way and multiplies the weights."""
         if not operands:
             return
         factors = np.asarray(factors, np.float32)
         if factors.ndim != 1 or not np.all(np.isfinite(factors)) or not np.all(factors > 0):
             raise GraphError(f"activation {operands[0].name!r}: channel factors must be positive and finite")
-        if channel_axis >= 0:
-            raise GraphError(f"channel_axis counts from the end (-1, -3), got {channel_axis}")
         with self._editing():
-            self._build_channel_scale(list(operands), factors.reshape([-1] + [1] * (-channel_axis - 1)))
+            self._build_channel_scale(list(operands), factors)
 
     @abstractmethod
     def _build_channel_scale(self, operands: list[Operand], factors: np.ndarray) -> None: ...
