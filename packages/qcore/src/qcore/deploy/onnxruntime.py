@@ -24,6 +24,12 @@ Facts (ONNX Runtime 1.32, measured here where the text says so):
   its input at run time: ``DynamicQuantizeLinear -> MatMulInteger``, which it fuses into one
   int8 kernel (what its own ``quantize_dynamic`` writes).
 * Its graph optimizer folds the rest at session creation (``ORT_ENABLE_ALL``).
+* Its intra-op threads spin after each run by default. With several sessions alive on few cores (the runs of an
+  interleaved comparison, RapidOCR's det -> cls -> rec), one session's spinning threads hold the cores the next
+  session needs, so a session's time depends on which ran before it. RapidOCR's float pipeline on 2 cores (AVX-512
+  VNNI/BF16, 10 pages): 327 ms a page with spinning, 275 ms without; the int8 one 239 / 193 ms. A session alone
+  loses a little without it (PP-OCR v2 cls at batch 1: 0.88 -> 1.12 ms; det 88 -> 96 ms), so
+  :meth:`OnnxRuntimeTarget.load` turns spinning off: its predictors serve verification and interleaved timing.
 * Its CPU execution provider has no int8 transposed conv: ``DequantizeLinear -> ConvTranspose -> QuantizeLinear``
   stays a float ``ConvTranspose`` between dequantize ops (measured, per-tensor and per-channel weights alike;
   its ``QLinearConvTranspose`` belongs to other execution providers), so transposed convs stay float here
@@ -118,6 +124,7 @@ class OnnxRuntimeTarget(OnnxTarget):
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # module doc
         session = ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
         return OnnxPredictor([i.name for i in session.get_inputs()], lambda feed: session.run(None, dict(feed)),
                              onnx_file)
