@@ -7,19 +7,20 @@ import numpy as np
 import pytest
 
 from qcore.errors import ConfigError, DataError
-from qcore.groupwise import decode, encode, group_grid, quantize_groups
+from qcore.groupwise import decode, encode, grid_of, group_grid, quantize_groups
 from qptq.weight_only.gptq import gptq
 from qptq.weight_only.hessian import HessianAccumulator
 
 
-def _reference(weight, hessian, bits, group_size, symmetric, damp, act_order, clip=1.0):
+def _reference(weight, hessian, bits, group_size, symmetric, damp, act_order, clip=1.0, family="int"):
     """Optimal brain quantization as first written: after each channel, update the rest with the inverse
     Hessian and remove the channel from it (no Cholesky, no blocks)."""
+    grid = grid_of(bits, symmetric, family)
     w, h = weight.astype(np.float64).copy(), hessian.astype(np.float64).copy()
     k, n = w.shape
     size = k if group_size == -1 else group_size
     order = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(k)
-    static = group_grid(w.reshape(k // size, size, n), bits, symmetric, clip)
+    static = group_grid(w.reshape(k // size, size, n), grid, clip)
     w, h = w[order], h[np.ix_(order, order)]
     h[np.diag_indices(k)] += damp * np.mean(np.diag(h))
     hinv = np.linalg.inv(h)
@@ -30,11 +31,11 @@ def _reference(weight, hessian, bits, group_size, symmetric, damp, act_order, cl
         if act_order:
             grids[g] = (static[0][g], None if static[1] is None else static[1][g])
         elif order[i] % size == 0:
-            step, zero = group_grid(w[i:i + size][None], bits, symmetric)
+            step, zero = group_grid(w[i:i + size][None], grid)
             grids[g] = (step[0], None if zero is None else zero[0])
         step, zero = grids[g]
-        codes[i] = encode(w[i], step, zero, bits)
-        error = (w[i] - decode(codes[i], step, zero)) / hinv[i, i]
+        codes[i] = encode(w[i], step, zero, grid)
+        error = (w[i] - decode(codes[i], step, zero, grid)) / hinv[i, i]
         w[i + 1:] -= np.outer(hinv[i + 1:, i], error)
         hinv -= np.outer(hinv[:, i], hinv[i, :]) / hinv[i, i]
     out = np.zeros_like(codes)
@@ -63,6 +64,24 @@ def test_blocked_gptq_equals_the_one_channel_at_a_time_reference(act_order, symm
     np.testing.assert_array_equal(got.codes, want)
 
 
+@pytest.mark.parametrize(("bits", "symmetric", "act_order"), [(4, True, True), (4, False, True), (5, True, False),
+                                                             (5, False, True), (8, True, False)])
+def test_gptq_on_gguf_blocks_equals_the_reference_and_keeps_float16_steps(bits, symmetric, act_order):
+    rng = np.random.default_rng(4)
+    x, w = _layer(rng, k=64, n=6, rows=300)
+    h = 2 * x.T @ x / len(x)
+    got = gptq(w, h, bits, 32, symmetric, block_size=16, act_order=act_order, family="gguf")
+    np.testing.assert_array_equal(got.codes, _reference(w, h, bits, 32, symmetric, 0.01, act_order, family="gguf"))
+    grid = grid_of(bits, symmetric, "gguf")
+    assert got.grid == grid and got.codes.min() >= grid.lowest and got.codes.max() <= grid.highest
+    for stored in (got.scales, got.offsets):
+        if stored is not None:  # every step and offset is a float16 value, as the file stores it
+            np.testing.assert_array_equal(stored.astype(np.float16).astype(np.float32), stored)
+    assert (got.offsets is None) == symmetric and got.zero_points is None
+    with pytest.raises(ConfigError, match=r"Q4_0 blocks hold 32 input channels; use group_size=32 \(got 16\)"):
+        gptq(w, h, 4, 16, True, family="gguf")
+
+
 def test_clipped_grids_fixed_up_front_are_the_reference_with_those_grids_and_searched_clips_help():
     from qptq.weight_only.clip_search import search_clip
 
@@ -73,7 +92,7 @@ def test_clipped_grids_fixed_up_front_are_the_reference_with_those_grids_and_sea
     assert clip.shape == (4, 16) and (clip < 1).any()
     got = gptq(w, h, 4, 16, block_size=8, clip=clip)
     np.testing.assert_array_equal(got.codes, _reference(w, h, 4, 16, False, 0.01, True, clip))
-    np.testing.assert_allclose(got.scales, group_grid(w.reshape(4, 16, 16), 4, False, clip)[0], rtol=1e-6)
+    np.testing.assert_allclose(got.scales, group_grid(w.reshape(4, 16, 16), grid_of(4, False), clip)[0], rtol=1e-6)
 
     def error(codes):
         return np.linalg.norm(x @ (codes.dequantize() - w)) / np.linalg.norm(x @ w)

@@ -14,31 +14,33 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from qcore.groupwise import check_bits, decode, encode, group_count, group_grid
+from qcore.groupwise import Grid, check_group, decode, encode, grid_of, group_count, group_grid
 
 #: Candidate ratios of the group's range, 1.0 (no clip) included.
 RATIOS = tuple(np.round(np.linspace(0.5, 1.0, 11), 2))
 
 
-def group_errors(weight: NDArray[np.float64], hessian: NDArray[np.float64], bits: int, group_size: int,
-                 symmetric: bool, ratio: float) -> NDArray[np.float64]:
+def group_errors(weight: NDArray[np.float64], hessian: NDArray[np.float64], grid: Grid, group_size: int,
+                 ratio: float) -> NDArray[np.float64]:
     """``[groups, N]``: each group's output error ``d^T H_gg d`` when quantized with its range times ``ratio``."""
     k, n = weight.shape
     groups = group_count(k, group_size)
     size = k // groups
     g = weight.reshape(groups, size, n)
-    step, zero = group_grid(g, bits, symmetric, ratio)
+    step, zero = group_grid(g, grid, ratio)
     zero3 = None if zero is None else zero[:, None, :]
-    d = g - decode(encode(g, step[:, None, :], zero3, bits), step[:, None, :], zero3)
+    d = g - decode(encode(g, step[:, None, :], zero3, grid), step[:, None, :], zero3, grid)
     blocks = np.stack([hessian[i * size:(i + 1) * size, i * size:(i + 1) * size] for i in range(groups)])
     return np.sum(d * np.matmul(blocks, d), axis=1)
 
 
 def search_clip(weight: ArrayLike, hessian: ArrayLike, bits: int = 4, group_size: int = 128,
-                symmetric: bool = False, ratios: tuple[float, ...] = RATIOS) -> NDArray[np.float64]:
+                symmetric: bool = False, ratios: tuple[float, ...] = RATIOS, family: str = "int"
+                ) -> NDArray[np.float64]:
     """The ratio of :data:`RATIOS` with the least output error, per group and output (``[groups, N]``), for
-    :func:`qcore.groupwise.quantize_groups`' ``clip``."""
-    check_bits(bits)
+    :func:`qcore.groupwise.quantize_groups`' ``clip`` on the grid of ``family``."""
+    grid = grid_of(bits, symmetric, family)
     w, h = np.asarray(weight, np.float64), np.asarray(hessian, np.float64)
-    errors = np.stack([group_errors(w, h, bits, group_size, symmetric, r) for r in ratios])
+    check_group(grid, w.shape[0] // group_count(w.shape[0], group_size))
+    errors = np.stack([group_errors(w, h, grid, group_size, r) for r in ratios])
     return np.asarray(ratios)[np.argmin(errors, axis=0)]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from qcore.config import validate_choice
 from qcore.errors import ConfigError
-from qcore.groupwise import GROUP_BITS, check_bits, group_count
+from qcore.groupwise import GRID_FAMILIES, check_bits, check_group, grid_of, group_count
 
 ALGOS = ("rtn", "gptq")
 #: What a linear whose width ``group_size`` does not divide gets (NNCF's names): a one-line error, the largest
@@ -28,7 +28,10 @@ class WeightOnlyConfig:
     4, the rest int8: the linears whose 4-bit output error per weight is largest (mixed precision);
     ``group_size_fallback`` what a linear whose width ``group_size`` does not divide gets
     (:data:`GROUP_FALLBACKS`); linears whose full name matches one of the ``skip`` regular expressions stay
-    float.
+    float. ``grid``: the grid family (:data:`qcore.groupwise.GRID_FAMILIES`): ``"int"`` for ONNX's
+    ``MatMulNBits`` and OpenVINO, ``"gguf"`` for llama.cpp's block types (``bits`` 4, 5 or 8 with
+    ``group_size=32``: ``Q4_0`` / ``Q5_0`` / ``Q8_0`` symmetric, ``Q4_1`` / ``Q5_1`` otherwise; no AWQ, whose input
+    scales a GGUF file cannot hold).
     """
 
     bits: int = 4
@@ -41,12 +44,21 @@ class WeightOnlyConfig:
     group_size_fallback: str = "error"
     skip: Sequence[str] = ()
     embedding_bits: int | None = None
+    grid: str = "int"
 
     def __post_init__(self) -> None:
-        check_bits(self.bits)
-        if self.embedding_bits is not None and self.embedding_bits not in GROUP_BITS:
-            raise ConfigError(f"embedding_bits={self.embedding_bits!r} is not supported; use one of {GROUP_BITS}, "
-                              "or None to keep embedding tables float")
+        validate_choice("grid", self.grid, GRID_FAMILIES)
+        check_bits(self.bits, self.grid)
+        if self.embedding_bits is not None:
+            try:
+                check_bits(self.embedding_bits, self.grid)
+            except ConfigError as exc:
+                raise ConfigError(f"embedding_bits: {exc}, or None to keep embedding tables float") from None
+        if self.grid == "gguf":
+            check_group(grid_of(self.bits, self.symmetric, self.grid), self.group_size)
+            if self.awq:
+                raise ConfigError("awq=True divides each linear's input by scales a GGUF file cannot hold; "
+                                  "use clip_search=True (and algo='gptq') for grid='gguf'")
         validate_choice("algo", self.algo, ALGOS)
         validate_choice("group_size_fallback", self.group_size_fallback, GROUP_FALLBACKS)
         if not 0.0 < self.ratio <= 1.0:
@@ -66,14 +78,14 @@ class WeightOnlyConfig:
 
 def layer_group(k: int, config: WeightOnlyConfig, bits: int | None = None) -> tuple[int, int] | None:
     """``(bits, group_size)`` for a linear of ``k`` input channels (``bits``: default ``config.bits``), None to
-    leave it float (fallback ``"ignore"``); one :class:`ConfigError` line for a group size that does not divide
+    leave it float (fallback ``"ignore"``, or ``"adjust"`` on GGUF grids); one :class:`ConfigError` line for a group size that does not divide
     ``k`` under ``"error"``."""
     size = config.group_size
     bits = config.bits if bits is None else bits
     if size == -1 or k % size == 0 or config.group_size_fallback == "error":
         group_count(k, size)
         return bits, size
-    if config.group_size_fallback == "ignore":
+    if config.group_size_fallback == "ignore" or config.grid == "gguf":  # GGUF blocks are 32 wide, no smaller
         return None
     while size >= SMALLEST_ADJUSTED_GROUP:
         if k % size == 0:

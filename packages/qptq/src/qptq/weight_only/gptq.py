@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from qcore.errors import ConfigError, DataError
-from qcore.groupwise import GroupCodes, check_bits, decode, encode, group_count, group_grid
+from qcore.groupwise import GroupCodes, check_group, decode, encode, grid_of, group_count, group_grid, pack_group_codes
 
 #: Channels updated in full before the rest of the weight receives the block's errors.
 BLOCK_SIZE = 128
@@ -41,10 +41,12 @@ def gptq(
     damp: float = DAMP,
     act_order: bool = True,
     clip: ArrayLike = 1.0,
+    family: str = "int",
 ) -> GroupCodes:
-    """Group-wise codes of ``weight`` (``[K, N]``) chosen by GPTQ for inputs of Hessian ``hessian`` (``[K, K]``);
-    ``clip`` shrinks the ranges of the grids fixed up front (act order; :func:`.clip_search.search_clip`)."""
-    check_bits(bits)
+    """Group-wise codes of ``weight`` (``[K, N]``) chosen by GPTQ for inputs of Hessian ``hessian`` (``[K, K]``)
+    on the grid of ``family`` (:func:`qcore.groupwise.grid_of`); ``clip`` shrinks the ranges of the grids fixed up
+    front (act order; :func:`.clip_search.search_clip`)."""
+    grid = grid_of(bits, symmetric, family)
     w = np.array(weight, np.float64)
     h = np.array(hessian, np.float64)
     k, n = w.shape
@@ -56,14 +58,15 @@ def gptq(
         raise ConfigError(f"damp={damp!r} is not valid; use a fraction of the mean diagonal in [0, 1)")
     groups = group_count(k, group_size)
     size = k // groups
+    check_group(grid, size)
     dead = np.diag(h) == 0
     h[dead, dead] = 1.0
     w[dead] = 0.0
     # grids fixed up front (act order), else filled in as each group's first channel is reached
     steps = np.zeros((groups, n))
-    zeros = None if symmetric else np.zeros((groups, n))
+    zeros = None if grid.zero == "none" else np.zeros((groups, n))
     if act_order:
-        step, zero = group_grid(w.reshape(groups, size, n), bits, symmetric, clip)
+        step, zero = group_grid(w.reshape(groups, size, n), grid, clip)
         steps[:], zeros = step, zero
     order = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(k)
     h = h[np.ix_(order, order)]
@@ -83,21 +86,15 @@ def gptq(
         for i in range(start, end):
             g = order[i] // size
             if not act_order and order[i] % size == 0:
-                step, zero = group_grid(w[i:i + size][None], bits, symmetric)
+                step, zero = group_grid(w[i:i + size][None], grid)
                 steps[g] = step[0]
                 if zeros is not None:
                     zeros[g] = zero[0]
             zero_g = None if zeros is None else zeros[g]
-            codes[i] = encode(w[i], steps[g], zero_g, bits)
-            error = (w[i] - decode(codes[i], steps[g], zero_g)) / upper[i, i]
+            codes[i] = encode(w[i], steps[g], zero_g, grid)
+            error = (w[i] - decode(codes[i], steps[g], zero_g, grid)) / upper[i, i]
             w[i + 1:end] -= np.outer(upper[i, i + 1:end], error)
             errors[i - start] = error
         w[end:] -= upper[start:end, end:].T @ errors
     codes[order] = codes.copy()
-    return GroupCodes(
-        codes.astype(np.int8 if symmetric else np.uint8),
-        steps.astype(np.float32),
-        None if zeros is None else zeros.astype(np.uint8),
-        bits,
-        size,
-    )
+    return pack_group_codes(codes, steps, zeros, grid, size)

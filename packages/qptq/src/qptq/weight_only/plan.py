@@ -40,13 +40,16 @@ class WeightOnlyResult:
     seconds: float = 0.0
 
     def size_bytes(self) -> int:
-        """Bytes of the codes (packed), steps (fp32) and zero points (packed) of every quantized linear."""
+        """Bytes of the codes (packed), steps (fp32, or fp16 on half grids), zero points (packed) and offsets of
+        every quantized linear."""
         total = 0
         for q in self.codes.values():
             k, n = q.codes.shape
             groups = k // q.group_size
+            float_bytes = 2 if q.grid is not None and q.grid.half else 4
             zero_bytes = 0 if q.zero_points is None else -(-groups * n * q.bits // 8)
-            total += k * n * q.bits // 8 + groups * n * 4 + zero_bytes
+            offset_bytes = 0 if q.offsets is None else groups * n * float_bytes
+            total += k * n * q.bits // 8 + groups * n * float_bytes + zero_bytes + offset_bytes
         return total
 
 
@@ -67,11 +70,13 @@ class WeightPlan:
         if self.scales is not None:  # the weight rows times s read the input divided by s: its Hessian scales too
             w = w * self.scales[:, None]
             h = h / np.outer(self.scales, self.scales)
-        clip = search_clip(w, h, bits, self.group_size, config.symmetric) if config.clip_search else 1.0
+        family = config.grid
+        clip = (search_clip(w, h, bits, self.group_size, config.symmetric, family=family) if config.clip_search
+                else 1.0)
         if config.algo == "gptq":
-            self.codes = gptq(w, h, bits, self.group_size, config.symmetric, clip=clip)
+            self.codes = gptq(w, h, bits, self.group_size, config.symmetric, clip=clip, family=family)
         else:
-            self.codes = quantize_groups(w, bits, self.group_size, config.symmetric, clip)
+            self.codes = quantize_groups(w, bits, self.group_size, config.symmetric, clip, family=family)
         effective = self.codes.dequantize().astype(np.float64)
         self.effective = effective if self.scales is None else effective / self.scales[:, None]
 
@@ -159,7 +164,7 @@ def quantize_tables(tables: Mapping[str, np.ndarray], names: Mapping[str, str], 
         group = layer_group(table.shape[1], config, config.embedding_bits)
         if group is None:
             continue
-        codes = quantize_groups(np.asarray(table, np.float64).T, *group, config.symmetric)
+        codes = quantize_groups(np.asarray(table, np.float64).T, *group, config.symmetric, family=config.grid)
         effective[k] = codes.dequantize().T
         result.codes[names[k]] = codes
         result.layers.append(LayerReport(k, names[k], codes.codes.shape, codes.bits, codes.group_size, None))
