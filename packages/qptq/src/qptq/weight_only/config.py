@@ -78,8 +78,8 @@ class WeightOnlyConfig:
 
 def layer_group(k: int, config: WeightOnlyConfig, bits: int | None = None) -> tuple[int, int] | None:
     """``(bits, group_size)`` for a linear of ``k`` input channels (``bits``: default ``config.bits``), None to
-    leave it float (fallback ``"ignore"``, or ``"adjust"`` on GGUF grids); one :class:`ConfigError` line for a group size that does not divide
-    ``k`` under ``"error"``."""
+    leave it float (fallback ``"ignore"``, or ``"adjust"`` on GGUF grids); one :class:`ConfigError` line for a
+    group size that does not divide ``k`` under ``"error"``."""
     size = config.group_size
     bits = config.bits if bits is None else bits
     if size == -1 or k % size == 0 or config.group_size_fallback == "error":
