@@ -44,7 +44,8 @@ WITH_ONNX = {"qcore", "qptq", "qqat", "qembed", "qcli"}
 
 
 def _install_local(session: nox.Session, *names: str, onnx: bool = False) -> None:
-    args = [f"packages/{n}[onnx]" if n == "qcore" and onnx else f"packages/{n}" for n in names]
+    extras = {"qcore": "[onnx]" if onnx else "", "qptq": "[llm]"}  # qptq's LLM tests read and write GGUF
+    args = [f"packages/{n}{extras.get(n, '')}" for n in names]
     session.install("pytest", "hypothesis", *args)
 
 

@@ -41,8 +41,7 @@ from onnx import numpy_helper
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from decoders import gemma3, llama  # noqa: E402
-from decoders.common import cache_names, export  # noqa: E402
+from decoders.models import gemma3_gguf, smollm2_gguf  # noqa: E402
 from decoders.text import calibration_text, evaluation_text, token_windows  # noqa: E402
 
 from qcore.deploy.host import describe_cpu  # noqa: E402
@@ -50,11 +49,14 @@ from qcore.export.gather_nbits import BLOCK_DQ_OPSET  # noqa: E402
 from qcore.export.nbits import FLOAT_ACTIVATIONS, INT8_ACTIVATIONS, replace_matmuls  # noqa: E402
 from qcore.export.paddle2onnx_float import float_onnx  # noqa: E402
 from qcore.model_io import find_model_files  # noqa: E402
+from qptq.llm import gemma3, llama  # noqa: E402
+from qptq.llm.common import cache_names, export  # noqa: E402
 from qptq.weight_only import WeightOnlyConfig, quantize_  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 RESULTS_TITLE = "# Weight-only LLM quantization (`benchmarks/llm_weight_only.py`, a section per model)"
-MODELS = {"smollm2": ("SmolLM2-135M-Instruct", llama.load_gguf), "gemma3": ("Gemma 3 270M", gemma3.load_gguf)}
+MODELS = {"smollm2": ("SmolLM2-135M-Instruct", lambda: llama.load_gguf(smollm2_gguf())),
+          "gemma3": ("Gemma 3 270M", lambda: gemma3.load_gguf(gemma3_gguf()))}
 WINDOW = 512
 THREADS = 2
 PROMPTS = ["The capital of France is", "In the beginning", "Once upon a time there was", "The meaning of life",

