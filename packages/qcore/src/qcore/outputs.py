@@ -187,15 +187,22 @@ def _move_in(staging: Path, out: Path, order: Sequence[str], last: Sequence[str]
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write one file atomically: a temporary file in the same directory (created if missing), renamed over
-    ``path``."""
+    """Write one file atomically (:func:`atomic_file`)."""
+    with atomic_file(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary path in ``path``'s directory (created if missing) for a writer to fill; synced and renamed
+    over ``path`` when the block ends, removed if it raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        yield Path(tmp)
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)

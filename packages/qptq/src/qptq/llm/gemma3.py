@@ -46,8 +46,10 @@ from .common import (
     split_past,
 )
 from .config import Gemma3Config
+from .gguf_weights import LINEARS, GGUFTensor
 
-__all__ = ["Gemma3", "cache_names", "export", "generate", "load_gguf", "perplexity", "state_from_gguf"]
+__all__ = ["Gemma3", "cache_names", "export", "generate", "gguf_tensors", "load_gguf", "perplexity",
+           "state_from_gguf"]
 
 
 class Block(nn.Layer):
@@ -107,23 +109,28 @@ class Gemma3(nn.Layer):
         return lm_logits(self.norm(h), self.embed_tokens, self.lm_head), present
 
 
-def state_from_gguf(tensors: dict[str, np.ndarray], cfg: Gemma3Config) -> dict[str, np.ndarray]:
-    """Paddle parameter names -> arrays, from a Gemma 3 GGUF's tensors (``[out, in]`` matrices are transposed
-    to ``Linear``'s ``[in, out]``; norm weights as stored, ``1 + weight`` already)."""
-    state = {"embed_tokens.weight": tensors["token_embd.weight"], "norm.weight": tensors["output_norm.weight"]}
+#: Gemma 3's four norms a layer and the q/k norms: Paddle sublayer -> GGUF tensor stem.
+NORMS = {"attn_norm": "input_norm", "post_attention_norm": "post_attn_norm", "ffn_norm": "pre_ffn_norm",
+         "post_ffw_norm": "post_ffn_norm", "attn_q_norm": "attn.q_norm", "attn_k_norm": "attn.k_norm"}
+
+
+def gguf_tensors(cfg: Gemma3Config) -> dict[str, GGUFTensor]:
+    """Each Paddle parameter's GGUF tensor (``[out, in]`` matrices stored transposed from ``Linear``'s
+    ``[in, out]``; norm weights as stored, ``1 + weight`` already)."""
+    table = {"embed_tokens.weight": GGUFTensor("token_embd.weight"), "norm.weight": GGUFTensor("output_norm.weight")}
     if not cfg.tie_embeddings:
-        state["lm_head.weight"] = tensors["output.weight"].T
-    names = {"attn_q": "attn.q_proj", "attn_k": "attn.k_proj", "attn_v": "attn.v_proj",
-             "attn_output": "attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-             "ffn_down": "mlp.down_proj"}
-    norms = {"attn_norm": "input_norm", "post_attention_norm": "post_attn_norm", "ffn_norm": "pre_ffn_norm",
-             "post_ffw_norm": "post_ffn_norm", "attn_q_norm": "attn.q_norm", "attn_k_norm": "attn.k_norm"}
+        table["lm_head.weight"] = GGUFTensor("output.weight", transposed=True)
     for i in range(cfg.num_layers):
-        for src, dst in names.items():
-            state[f"layers.{i}.{dst}.weight"] = tensors[f"blk.{i}.{src}.weight"].T
-        for src, dst in norms.items():
-            state[f"layers.{i}.{dst}.weight"] = tensors[f"blk.{i}.{src}.weight"]
-    return state
+        for src, dst in LINEARS.items():
+            table[f"layers.{i}.{dst}.weight"] = GGUFTensor(f"blk.{i}.{src}.weight", transposed=True)
+        for src, dst in NORMS.items():
+            table[f"layers.{i}.{dst}.weight"] = GGUFTensor(f"blk.{i}.{src}.weight")
+    return table
+
+
+def state_from_gguf(tensors: dict[str, np.ndarray], cfg: Gemma3Config) -> dict[str, np.ndarray]:
+    """Paddle parameter names -> arrays, from a Gemma 3 GGUF's tensors (:func:`gguf_tensors`)."""
+    return {name: t.to_paddle(tensors[t.name]) for name, t in gguf_tensors(cfg).items()}
 
 
 def load_gguf(path: str | Path) -> tuple[Gemma3, Any]:

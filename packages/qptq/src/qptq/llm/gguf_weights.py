@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from qcore.groupwise import GroupCodes
+
 from .config import DecoderConfig, Gemma3Config
 
 # GGUF token types (llama.cpp's llama_token_type): control tokens are the special ones.
@@ -105,16 +107,53 @@ def read_gguf(path: str | Path) -> GGUFModel:
     return GGUFModel(path, meta["general.architecture"], config, tensors, meta, storage)
 
 
-def unpermute_rope_rows(weight: np.ndarray, heads: int) -> np.ndarray:
-    """Undo llama.cpp's reordering of q/k projection rows.
-
-    llama.cpp's converter stores, per head, the rows of the two rotary halves interleaved
-    (``[x0, x_half, x1, x_half+1, ...]``) so its rope can rotate adjacent pairs; Hugging Face's Llama (and this
-    port) rotates the first half against the second. ``weight`` is ``[heads * head_dim, in]``.
-    """
-    rows = weight.shape[0]
+def rope_row_order(rows: int, heads: int) -> np.ndarray:
+    """Index ``p`` with ``hf = gguf[p]``: llama.cpp's converter stores, per head, the rows of the two rotary halves
+    interleaved (``[x0, x_half, x1, x_half+1, ...]``) so its rope can rotate adjacent pairs; Hugging Face's Llama
+    (and this port) rotates the first half against the second. ``gguf = hf[argsort(p)]``."""
     half = rows // heads // 2
-    return weight.reshape(heads, half, 2, -1).transpose(0, 2, 1, 3).reshape(weight.shape)
+    return np.arange(rows).reshape(heads, half, 2).transpose(0, 2, 1).reshape(rows)
+
+
+def unpermute_rope_rows(weight: np.ndarray, heads: int) -> np.ndarray:
+    """``[heads * head_dim, in]`` q/k projection rows from llama.cpp's rotary order to Hugging Face's."""
+    return weight[rope_row_order(weight.shape[0], heads)]
+
+
+#: The projections of a decoder layer: GGUF tensor stem -> Paddle sublayer (both architectures).
+LINEARS = {"attn_q": "attn.q_proj", "attn_k": "attn.k_proj", "attn_v": "attn.v_proj", "attn_output": "attn.o_proj",
+           "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """Where a Paddle parameter is in a GGUF file: the tensor's name, whether the file stores it transposed
+    (``[out, in]`` against ``Linear``'s ``[in, out]``) and, for q/k projections in llama.cpp's rotary row order,
+    the number of heads."""
+
+    name: str
+    transposed: bool = False
+    rope_heads: int | None = None
+
+    def to_paddle(self, value: np.ndarray) -> np.ndarray:
+        """The file's array as the Paddle parameter."""
+        if self.rope_heads is not None:
+            value = unpermute_rope_rows(value, self.rope_heads)
+        return value.T if self.transposed else value
+
+    def from_paddle(self, value: np.ndarray) -> np.ndarray:
+        """The Paddle parameter as the file's array."""
+        value = value.T if self.transposed else value
+        if self.rope_heads is not None:
+            value = value[np.argsort(rope_row_order(value.shape[0], self.rope_heads))]
+        return np.ascontiguousarray(value)
+
+    def codes_from_paddle(self, codes: GroupCodes) -> GroupCodes:
+        """Codes of a Paddle ``[in, out]`` weight (or of a table's transpose) with the file's row order; the
+        file's rows are the codes' output columns."""
+        if self.rope_heads is None:
+            return codes
+        return codes.select_outputs(np.argsort(rope_row_order(codes.codes.shape[1], self.rope_heads)))
 
 
 def tokenizer_from_metadata(meta: dict[str, Any]) -> Any:

@@ -35,8 +35,9 @@ from .common import (
     split_past,
 )
 from .config import DecoderConfig
+from .gguf_weights import LINEARS, GGUFTensor
 
-__all__ = ["Llama", "cache_names", "export", "generate", "load_gguf", "perplexity", "state_from_gguf"]
+__all__ = ["Llama", "cache_names", "export", "generate", "gguf_tensors", "load_gguf", "perplexity", "state_from_gguf"]
 
 
 class Block(nn.Layer):
@@ -88,29 +89,25 @@ class Llama(nn.Layer):
         return lm_logits(self.norm(h), self.embed_tokens, self.lm_head), present
 
 
-def state_from_gguf(tensors: dict[str, np.ndarray], cfg: DecoderConfig) -> dict[str, np.ndarray]:
-    """Paddle parameter names -> arrays, from a Llama GGUF's tensors (``[out, in]`` matrices are transposed to
-    ``Linear``'s ``[in, out]``; q/k rows are put back in Hugging Face's rotary order)."""
-    from .gguf_weights import unpermute_rope_rows
-
-    state = {"embed_tokens.weight": tensors["token_embd.weight"], "norm.weight": tensors["output_norm.weight"]}
+def gguf_tensors(cfg: DecoderConfig) -> dict[str, GGUFTensor]:
+    """Each Paddle parameter's GGUF tensor (``[out, in]`` matrices stored transposed from ``Linear``'s
+    ``[in, out]``; q/k rows in llama.cpp's rotary order)."""
+    table = {"embed_tokens.weight": GGUFTensor("token_embd.weight"), "norm.weight": GGUFTensor("output_norm.weight")}
     if not cfg.tie_embeddings:
-        state["lm_head.weight"] = tensors["output.weight"].T
-    names = {"attn_q": "attn.q_proj", "attn_k": "attn.k_proj", "attn_v": "attn.v_proj",
-             "attn_output": "attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-             "ffn_down": "mlp.down_proj"}
+        table["lm_head.weight"] = GGUFTensor("output.weight", transposed=True)
     for i in range(cfg.num_layers):
         blk = f"blk.{i}"
-        state[f"layers.{i}.input_norm.weight"] = tensors[f"{blk}.attn_norm.weight"]
-        state[f"layers.{i}.post_norm.weight"] = tensors[f"{blk}.ffn_norm.weight"]
-        for src, dst in names.items():
-            w = tensors[f"{blk}.{src}.weight"]
-            if src == "attn_q":
-                w = unpermute_rope_rows(w, cfg.num_heads)
-            elif src == "attn_k":
-                w = unpermute_rope_rows(w, cfg.num_kv_heads)
-            state[f"layers.{i}.{dst}.weight"] = w.T
-    return state
+        table[f"layers.{i}.input_norm.weight"] = GGUFTensor(f"{blk}.attn_norm.weight")
+        table[f"layers.{i}.post_norm.weight"] = GGUFTensor(f"{blk}.ffn_norm.weight")
+        for src, dst in LINEARS.items():
+            heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads}.get(src)
+            table[f"layers.{i}.{dst}.weight"] = GGUFTensor(f"{blk}.{src}.weight", transposed=True, rope_heads=heads)
+    return table
+
+
+def state_from_gguf(tensors: dict[str, np.ndarray], cfg: DecoderConfig) -> dict[str, np.ndarray]:
+    """Paddle parameter names -> arrays, from a Llama GGUF's tensors (:func:`gguf_tensors`)."""
+    return {name: t.to_paddle(tensors[t.name]) for name, t in gguf_tensors(cfg).items()}
 
 
 def load_gguf(path: str | Path) -> tuple[Llama, Any]:
