@@ -51,12 +51,13 @@ from qcore.export.paddle2onnx_float import float_onnx  # noqa: E402
 from qcore.model_io import find_model_files  # noqa: E402
 from qptq.llm import gemma3, llama  # noqa: E402
 from qptq.llm.common import cache_names, export  # noqa: E402
+from qptq.llm.gguf_weights import read_gguf  # noqa: E402
 from qptq.weight_only import WeightOnlyConfig, quantize_  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 RESULTS_TITLE = "# Weight-only LLM quantization (`benchmarks/llm_weight_only.py`, a section per model)"
-MODELS = {"smollm2": ("SmolLM2-135M-Instruct", lambda: llama.load_gguf(smollm2_gguf())),
-          "gemma3": ("Gemma 3 270M", lambda: gemma3.load_gguf(gemma3_gguf()))}
+MODELS = {"smollm2": ("SmolLM2-135M-Instruct", lambda: llama.load_gguf(smollm2_gguf()), smollm2_gguf),
+          "gemma3": ("Gemma 3 270M", lambda: gemma3.load_gguf(gemma3_gguf()), gemma3_gguf)}
 WINDOW = 512
 THREADS = 2
 PROMPTS = ["The capital of France is", "In the beginning", "Once upon a time there was", "The meaning of life",
@@ -140,6 +141,9 @@ class Runner:
     def prefill(self, ids: np.ndarray) -> list[np.ndarray]:
         return self.run({"input_ids": ids, **self.empty})
 
+    def time_prefill(self, ids: np.ndarray) -> None:
+        self.prefill(ids)
+
     def greedy(self, prompt: list[int], new_tokens: int) -> list[int]:
         out = self.prefill(np.array([prompt], np.int64))
         tokens = []
@@ -150,7 +154,50 @@ class Runner:
         return tokens
 
 
-def perplexity(runner: Runner, windows: np.ndarray) -> float:
+class LlamaCppRunner:
+    """A GGUF file in llama.cpp (``llama-cpp-python``), as its users run it: one context scoring every position
+    (perplexity, the long prompt's logits), one computing only the last position's logits (timings, greedy
+    decoding), both at batch 1 with the benchmark's threads."""
+
+    def __init__(self, path: Path, context: int) -> None:
+        import llama_cpp
+
+        def open_(logits_all: bool) -> Any:
+            return llama_cpp.Llama(str(path), n_ctx=context, n_batch=WINDOW, n_threads=THREADS,
+                                   n_threads_batch=THREADS, logits_all=logits_all, verbose=False)
+
+        self.scoring, self.timing = open_(True), open_(False)
+
+    def prefill(self, ids: np.ndarray) -> list[np.ndarray]:
+        self.scoring.reset()
+        self.scoring.eval([int(i) for i in ids[0]])
+        return [np.asarray(self.scoring.scores[: ids.shape[1]], np.float32)[None]]
+
+    def time_prefill(self, ids: np.ndarray) -> None:
+        self.timing.reset()
+        self.timing.eval([int(i) for i in ids[0]])
+
+    def _last_logits(self) -> np.ndarray:
+        return np.ctypeslib.as_array(self.timing._ctx.get_logits(), shape=(self.timing.n_vocab(),))
+
+    def greedy(self, prompt: list[int], new_tokens: int) -> list[int]:
+        self.timing.reset()
+        self.timing.eval(prompt)
+        tokens = []
+        for _ in range(new_tokens):
+            tokens.append(int(np.argmax(self._last_logits())))
+            self.timing.eval(tokens[-1:])
+        return tokens
+
+
+def make_runner(runtime: str, path: Path, empty: dict[str, np.ndarray], precision: str | None = None
+                ) -> Runner | LlamaCppRunner:
+    if runtime == "llama.cpp":
+        return LlamaCppRunner(path, 2 * WINDOW + 256)
+    return Runner(runtime, path, empty, precision)
+
+
+def perplexity(runner: Runner | LlamaCppRunner, windows: np.ndarray) -> float:
     nll, count = 0.0, 0
     for window in windows:
         logits = runner.prefill(window[None])[0][0, :-1].astype(np.float64)
@@ -302,6 +349,58 @@ def build_nncf(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
                   "LM head int8 per channel, which the other rows keep float unless they say otherwise")
 
 
+#: GGUF variants run in llama.cpp: ours (codes chosen on its block grids by GPTQ + clip search, the tied table
+#: Q8_0) and llama.cpp's own llama-quantize from the same float32 reference, by llama_ftype.
+OURS_GGUF = {
+    "gguf-q4_0": WeightOnlyConfig(bits=4, group_size=32, symmetric=True, grid="gguf", algo="gptq", clip_search=True,
+                                  embedding_bits=8),
+    "gguf-q4_1": WeightOnlyConfig(bits=4, group_size=32, grid="gguf", algo="gptq", clip_search=True,
+                                  embedding_bits=8),
+    "gguf-q8_0": WeightOnlyConfig(bits=8, group_size=32, symmetric=True, grid="gguf", algo="gptq",
+                                  embedding_bits=8),
+}
+LLAMACPP_FTYPES = {"llamacpp-q4_0": 2, "llamacpp-q4_1": 3, "llamacpp-q8_0": 7, "llamacpp-q4_k_m": 15}
+
+
+def reference_gguf(bench: Bench) -> Path:
+    """The float32 reference as a GGUF file (every tensor of the source dequantized), what llama.cpp's float row
+    runs and llama-quantize reads."""
+    from qcore.export.gguf import write_gguf
+
+    path = bench.work / "float" / "model-f32.gguf"
+    if not path.exists():
+        source = MODELS[bench.args.model][2]()
+        write_gguf(path, source, read_gguf(source).tensors)
+    return path
+
+
+def build_gguf(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
+    from qptq.llm.route import quantize_llm
+
+    config = OURS_GGUF[name]
+    report = quantize_llm(MODELS[bench.args.model][2](), bench.work / name / "model.gguf", config,
+                          np.concatenate(bench.calibration), show_progress=True)
+    llama_cpp_check = report.verified.get("llama.cpp")
+    return {"llama.cpp": report.output}, (
+        f"{name}: quantize_llm(format='gguf') with {config}; block types {report.formats()}; the written file read "
+        f"back equals the simulation; llama.cpp vs the simulation on a calibration window: {llama_cpp_check}")
+
+
+def build_llamacpp(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
+    import llama_cpp
+
+    path = bench.work / name / "model.gguf"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.nthread = LLAMACPP_FTYPES[name], THREADS
+    status = llama_cpp.llama_model_quantize(str(reference_gguf(bench)).encode(), str(path).encode(), params)
+    if status != 0:
+        raise RuntimeError(f"llama_model_quantize failed ({status}) for {name}")
+    return {"llama.cpp": path}, (f"{name}: llama.cpp's own quantizer (llama_model_quantize, llama-cpp-python "
+                                 f"{llama_cpp.__version__}, llama_ftype {LLAMACPP_FTYPES[name]}, its default "
+                                 "per-tensor rules) from the float32 reference GGUF")
+
+
 #: A8W8 variants: static int8 activations and weights (``quant_post_static``) for one runtime, with an algo.
 A8W8 = {"a8w8": ("onnxruntime", "auto"), "a8w8-ov": ("openvino-runtime", "auto")}
 A8W8_CALIB = 16  # calibration sequences: each pass over them runs the whole Paddle program
@@ -331,13 +430,16 @@ def build_a8w8(bench: Bench, name: str) -> tuple[Path, str]:
 ALIASES = {"ort": ("ort-rtn", "ort-gptq")}
 BUILDERS: dict[str, Callable[[Bench, str], tuple[dict[str, Path], str]]] = {
     **{name: build_ours for name in OURS}, "ort-rtn": build_ort, "ort-gptq": build_ort, "nncf": build_nncf,
-    **{name: build_a8w8 for name in A8W8}}
+    **{name: build_a8w8 for name in A8W8}, **{name: build_gguf for name in OURS_GGUF},
+    **{name: build_llamacpp for name in LLAMACPP_FTYPES}}
+LLAMA_CPP = (*OURS_GGUF, *LLAMACPP_FTYPES)
 #: Where each variant runs: ours everywhere, the float model also at f32 on the OpenVINO runtime (its default
 #: is bf16 where the CPU has it), the peers on their own runtime.
 RUNTIMES: dict[str, list[tuple[str, str | None]]] = {
-    "float": [("onnxruntime", None), ("openvino", "f32"), ("openvino", None)],
+    "float": [("onnxruntime", None), ("openvino", "f32"), ("openvino", None), ("llama.cpp", None)],
     "ort-rtn": [("onnxruntime", None)], "ort-gptq": [("onnxruntime", None)], "nncf": [("openvino", None)],
-    "a8w8": [("onnxruntime", None)], "a8w8-ov": [("openvino", None)]}
+    "a8w8": [("onnxruntime", None)], "a8w8-ov": [("openvino", None)],
+    **{name: [("llama.cpp", None)] for name in LLAMA_CPP}}
 
 
 def built(bench: Bench, name: str) -> tuple[dict[str, Path], float, str]:
@@ -345,7 +447,10 @@ def built(bench: Bench, name: str) -> tuple[dict[str, Path], float, str]:
     left them."""
     meta = bench.work / name / "meta.json"
     if name == "float":
-        return {"onnxruntime": bench.float_path, "openvino": bench.float_path}, 0.0, ""
+        paths = {"onnxruntime": bench.float_path, "openvino": bench.float_path}
+        if any(v in LLAMA_CPP for v in bench.args.variants.split(",")):
+            paths["llama.cpp"] = reference_gguf(bench)
+        return paths, 0.0, ""
     if meta.exists():
         record = json.loads(meta.read_text())
         return {k: bench.work / v for k, v in record["files"].items()}, record["quantize_s"], record["note"]
@@ -389,19 +494,20 @@ def main() -> None:
     if args.build_only:
         return
     pairs = [(name, runtime, precision) for name in files
-             for runtime, precision in RUNTIMES.get(name, [("onnxruntime", None), ("openvino", None)])]
+             for runtime, precision in RUNTIMES.get(name, [("onnxruntime", None), ("openvino", None)])
+             if runtime in files[name][0]]
     long_prompt = np.asarray(bench.windows[:1])
 
     timings: dict[tuple[str, str], dict[str, list[float]]] = {}
     if args.rounds:  # every session alive at once, so that the rounds interleave them
-        runners = {(n, label(r, p)): Runner(r, files[n][0][r], bench.empty, p) for n, r, p in pairs}
+        runners = {(n, label(r, p)): make_runner(r, files[n][0][r], bench.empty, p) for n, r, p in pairs}
         for each in runners.values():  # first runs compile per shape (OpenVINO): keep them out of the timings
             each.prefill(long_prompt)
             each.greedy(bench.prompts[0], 4)
         timings = {k: {"prefill": [], "decode": []} for k in runners}
         for _ in range(args.rounds):
             for key, each in runners.items():
-                timings[key]["prefill"].append(WINDOW / timed(lambda r=each: r.prefill(long_prompt)))
+                timings[key]["prefill"].append(WINDOW / timed(lambda r=each: r.time_prefill(long_prompt)))
                 timings[key]["decode"].append(args.decode_tokens / timed(
                     lambda r=each: r.greedy(bench.prompts[0], args.decode_tokens)))
         del runners
@@ -409,7 +515,7 @@ def main() -> None:
     rows = []
     for name, runtime, precision in pairs:  # one session at a time: the float model's first, as the reference
         before = rss_mb()
-        each = Runner(runtime, files[name][0][runtime], bench.empty, precision)
+        each = make_runner(runtime, files[name][0][runtime], bench.empty, precision)
         each.prefill(long_prompt)
         grown = rss_mb() - before
         tokens = [each.greedy(p, args.new_tokens) for p in bench.prompts]
@@ -453,7 +559,8 @@ def write_table(rows: list[dict[str, Any]], notes: list[str], args: argparse.Nam
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     floats = {r["runtime"]: r for r in rows if r["name"] == "float"}
-    f32 = {"onnxruntime": floats.get("onnxruntime"), "openvino": floats.get("openvino f32")}
+    f32 = {"onnxruntime": floats.get("onnxruntime"), "openvino": floats.get("openvino f32"),
+           "llama.cpp": floats.get("llama.cpp")}
     for r in rows:
         ref = floats.get(r["runtime"]) or floats.get("onnxruntime")
         base = f32.get(r["runtime"].split()[0])

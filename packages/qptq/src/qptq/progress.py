@@ -16,11 +16,13 @@ T = TypeVar("T")
 
 
 class Progress:
-    """Count steps of one pass named ``desc`` (``unit`` each); :meth:`close` ends it."""
+    """Count steps of one pass named ``desc`` (``unit`` each; ``total`` when known, for the bar's time left);
+    :meth:`close` ends it."""
 
-    def __init__(self, desc: str, unit: str) -> None:
+    def __init__(self, desc: str, unit: str, total: int | None = None) -> None:
         self.desc, self.unit, self.count, self.start = desc, unit, 0, time.perf_counter()
-        self.bar: Any = tqdm(desc=desc, unit=unit) if tqdm is not None and sys.stderr.isatty() else None
+        self.bar: Any = (tqdm(desc=desc, unit=unit, total=total) if tqdm is not None and sys.stderr.isatty()
+                         else None)
 
     def step(self, *_: Any) -> None:
         self.count += 1

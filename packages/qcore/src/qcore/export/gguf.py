@@ -18,6 +18,7 @@ is not given, and writes the given ones in their block type (codes) or as float3
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -105,6 +106,17 @@ def write_gguf(path: str | os.PathLike[str], source: str | os.PathLike[str],
             _check_block_type(value)
     arch = reader.fields["general.architecture"].contents()
     path = Path(path)
+    quiet = logging.getLogger("gguf")  # its writer logs every file it writes at INFO
+    level = quiet.level
+    quiet.setLevel(max(level, logging.WARNING))
+    try:
+        _write(gguf, reader, arch, path, tensors)
+    finally:
+        quiet.setLevel(level)
+    return path
+
+
+def _write(gguf: Any, reader: Any, arch: str, path: Path, tensors: Mapping[str, GroupCodes | np.ndarray]) -> None:
     with atomic_file(path) as tmp:
         writer = gguf.GGUFWriter(str(tmp), arch)
         for field in reader.fields.values():
@@ -126,4 +138,3 @@ def write_gguf(path: str | os.PathLike[str], source: str | os.PathLike[str],
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-    return path

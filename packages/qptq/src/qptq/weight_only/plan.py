@@ -28,6 +28,7 @@ class LayerReport:
     group_size: int
     output_error: float | None  # relative layer output error on the calibration inputs (None without them)
     awq_alpha: float | None = None
+    grid: str = ""  # the codes' grid: int4 / uint4 / int8 / uint8, or a GGUF block type (Q4_0, ...)
 
 
 @dataclass
@@ -148,7 +149,8 @@ def quantize_weights(
         if plan.scales is not None:
             result.input_scales[names[k]] = plan.scales.astype(np.float32)
         result.layers.append(LayerReport(k, names[k], tuple(plan.weight.shape), plan.codes.bits,
-                                         plan.codes.group_size, plan.relative_error(), plan.alpha))
+                                         plan.codes.group_size, plan.relative_error(), plan.alpha,
+                                         plan.codes.grid.name))
     return result, effective
 
 
@@ -167,5 +169,6 @@ def quantize_tables(tables: Mapping[str, np.ndarray], names: Mapping[str, str], 
         codes = quantize_groups(np.asarray(table, np.float64).T, *group, config.symmetric, family=config.grid)
         effective[k] = codes.dequantize().T
         result.codes[names[k]] = codes
-        result.layers.append(LayerReport(k, names[k], codes.codes.shape, codes.bits, codes.group_size, None))
+        result.layers.append(LayerReport(k, names[k], codes.codes.shape, codes.bits, codes.group_size, None,
+                                         grid=codes.grid.name))
     return effective

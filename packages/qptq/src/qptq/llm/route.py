@@ -1,0 +1,193 @@
+"""One call from an LLM checkpoint to a quantized file a runtime generates with: :func:`quantize_llm`.
+
+The source is a GGUF file of a supported architecture (:data:`LOADERS`); calibration is token ids (an
+array or windows) or plain text, cut into windows with the file's own tokenizer. The decoder is read in float32
+(:mod:`.gguf_weights`), its linears (and, with ``embedding_bits``, its table) quantized in place by
+:func:`qptq.weight_only.quantize_`, and written in ``format``:
+
+* ``"gguf"``: llama.cpp's file (:mod:`.gguf_export`), codes chosen on its block grids (``grid="gguf"``,
+  ``group_size=32``), metadata and tokenizer from the source. Verified by reading the written file back with the
+  ``gguf`` package and comparing every tensor with the simulation (bit-exact), and, where ``llama-cpp-python`` is
+  installed, llama.cpp's logits against the simulation's on a calibration window.
+
+Every problem with the input is one :class:`~qcore.errors.ConfigError` line before any work.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qcore.errors import ConfigError, DataError
+from qcore.outputs import check_output_file
+
+from ..progress import Progress, progress
+from ..weight_only.config import WeightOnlyConfig
+from ..weight_only.layer import quantize_
+from ..weight_only.plan import WeightOnlyResult
+from . import gemma3, llama
+
+#: Formats :func:`quantize_llm` writes, and the file name each must end with.
+LLM_FORMATS = {"gguf": ".gguf"}
+#: Tokens per calibration window cut from text, and the most windows taken.
+WINDOW, WINDOWS = 256, 32
+
+
+#: Readers of the decoders of :mod:`qptq.llm` by GGUF ``general.architecture``.
+LOADERS: dict[str, Callable[[Path], tuple[Any, Any]]] = {"llama": llama.load_gguf, "gemma3": gemma3.load_gguf}
+
+
+@dataclass
+class LlmReport:
+    """What :func:`quantize_llm` wrote and how it checked it."""
+
+    output: Path
+    format: str
+    architecture: str
+    file_bytes: int
+    float_bytes: int  # the decoder's parameters in float32
+    result: WeightOnlyResult
+    verified: dict[str, Any] = field(default_factory=dict)
+
+    def formats(self) -> dict[str, int]:
+        """Weights per grid (block type), e.g. ``{"Q4_0": ..., "Q8_0": ...}``."""
+        counts: dict[str, int] = {}
+        for layer in self.result.layers:
+            counts[layer.grid] = counts.get(layer.grid, 0) + layer.shape[0] * layer.shape[1]
+        return counts
+
+
+def source_architecture(source: str | os.PathLike[str]) -> str:
+    """The ``general.architecture`` of a GGUF file; one line when it is not a readable GGUF of a supported one."""
+    from qcore.export.gguf import require_gguf
+
+    path = Path(source)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file; give a GGUF checkpoint (.gguf)")
+    gguf = require_gguf()
+    try:
+        arch = gguf.GGUFReader(str(path)).fields["general.architecture"].contents()
+    except Exception as exc:  # noqa: BLE001 - any reader failure is the same answer: not a GGUF we can read
+        raise ConfigError(f"{path} is not a readable GGUF file ({exc}); give a llama.cpp .gguf checkpoint") from None
+    if arch not in LOADERS:
+        raise ConfigError(f"{path} holds a {arch!r} model; the decoders read here are {sorted(LOADERS)}")
+    return arch
+
+
+def calibration_windows(data: str | os.PathLike[str] | np.ndarray | Sequence[Sequence[int]], tokenizer: Any,
+                        length: int = WINDOW, count: int = WINDOWS) -> list[np.ndarray]:
+    """``[1, length]`` int64 windows: from a text file (``.txt``, tokenized with ``tokenizer``), a ``.npy`` of
+    token ids, or ids given directly: ``[n]`` ids are cut into at most ``count`` windows of ``length``,
+    ``[windows, any length]`` ids are taken as they are."""
+    from .common import token_windows
+
+    if isinstance(data, (str, os.PathLike)):
+        path = Path(data)
+        if not path.is_file():
+            raise DataError(f"calibration data {path}: no such file; give a .txt of text or a .npy of token ids")
+        if path.suffix == ".npy":
+            ids = np.load(path)
+        else:
+            ids = np.asarray(tokenizer.encode(path.read_text(encoding="utf-8")).ids, np.int64)
+    else:
+        ids = np.asarray(data, np.int64)
+    if ids.ndim == 1:
+        fit = len(ids) // length
+        if fit == 0:
+            raise DataError(f"the calibration data has {len(ids)} tokens, fewer than one window of {length}; "
+                            "give more text")
+        ids = token_windows(ids, length, min(fit, count))
+    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+        raise DataError(f"calibration token ids have shape {ids.shape}; give [tokens] or [windows, length] ints")
+    return [w[None] for w in ids]
+
+
+def _check(source: Path, out: Path, config: WeightOnlyConfig, format: str) -> str:
+    if format not in LLM_FORMATS:
+        raise ConfigError(f"format={format!r} is not written; use one of {sorted(LLM_FORMATS)}")
+    if out.suffix != LLM_FORMATS[format]:
+        raise ConfigError(f"the {format} output {out} must end with {LLM_FORMATS[format]}")
+    if format == "gguf" and config.grid != "gguf":
+        raise ConfigError("a GGUF file stores llama.cpp's block types: quantize with WeightOnlyConfig(grid='gguf', "
+                          "group_size=32)")
+    arch = source_architecture(source)
+    check_output_file(out, "output")
+    if out.resolve() == source.resolve():
+        raise ConfigError(f"the output {out} is the input model; write to another file")
+    return arch
+
+
+def quantize_llm(source: str | os.PathLike[str], out: str | os.PathLike[str], config: WeightOnlyConfig,
+                 calibration: Any = None, *, format: str = "gguf", show_progress: bool = False) -> LlmReport:
+    """Quantize the decoder in the GGUF file ``source`` as ``config`` says and write ``out`` in ``format``
+    (:data:`LLM_FORMATS`); ``calibration``: text file, ``.npy`` of ids or ids (:func:`calibration_windows`), needed
+    by GPTQ and clip search. Returns the report, verification included."""
+    source, out = Path(source), Path(out)
+    arch = _check(source, out, config, format)
+    model, tokenizer = LOADERS[arch](source)
+    float_bytes = sum(4 * int(np.prod(p.shape)) for p in model.parameters())
+    windows = None if calibration is None else calibration_windows(calibration, tokenizer)
+    batches: Iterable[np.ndarray] | None = windows
+    if show_progress and windows is not None:
+        batches = progress(windows, "calibrating", "window")
+    import paddle
+
+    linears = sum(isinstance(layer, paddle.nn.Linear) for _, layer in model.named_sublayers())
+    counter = Progress("quantizing weights", "linear", total=linears) if show_progress else None
+    try:
+        result = quantize_(model, config, batches, progress=counter.step if counter else None)
+    finally:
+        if counter is not None:
+            counter.close()
+    from .gguf_export import save_gguf
+
+    written = save_gguf(model, result, source, out)
+    report = LlmReport(written, format, arch, written.stat().st_size, float_bytes, result)
+    report.verified = verify_gguf(written, model, windows[0] if windows else None)
+    return report
+
+
+def verify_gguf(path: Path, model: Any, window: np.ndarray | None) -> dict[str, Any]:
+    """Read ``path`` back (the ``gguf`` package's reader) and compare every tensor with ``model``'s simulated
+    parameters; with ``llama-cpp-python`` installed and a ``window`` of ids, llama.cpp's logits with the model's.
+    Raises :class:`~qcore.errors.DataError` when the file does not hold the simulation."""
+    import importlib.util
+
+    from .gguf_export import gguf_table
+    from .gguf_weights import read_gguf
+
+    back = read_gguf(path).tensors
+    state = model.state_dict()
+    worst = 0.0
+    for name, where in gguf_table(model).items():
+        diff = np.abs(where.to_paddle(back[where.name]) - state[name].numpy()).max()
+        worst = max(worst, float(diff))
+    if worst != 0.0:
+        raise DataError(f"{path} does not hold the simulated weights (largest difference {worst:g}); please report")
+    verified: dict[str, Any] = {"gguf_reader": "every tensor equals the simulation"}
+    if window is None or importlib.util.find_spec("llama_cpp") is None:
+        verified["llama.cpp"] = "not run (install llama-cpp-python, and give calibration data)"
+        return verified
+    verified["llama.cpp"] = llama_cpp_agreement(path, model, window[:, :64])
+    return verified
+
+
+def llama_cpp_agreement(path: Path, model: Any, ids: np.ndarray) -> dict[str, float]:
+    """llama.cpp's logits of ``ids`` (``[1, T]``) from ``path`` against ``model``'s: the largest difference
+    relative to the logits' spread, and the share of positions whose top token agrees."""
+    import llama_cpp
+    import paddle
+
+    llm = llama_cpp.Llama(str(path), n_ctx=max(64, ids.shape[1]), n_threads=os.cpu_count() or 1,
+                          logits_all=True, verbose=False)
+    llm.eval([int(i) for i in ids[0]])
+    theirs = np.asarray(llm.scores[: ids.shape[1]], np.float32)
+    with paddle.no_grad():
+        ours = model(paddle.to_tensor(ids))[0].numpy()[0]
+    return {"max_abs_diff_over_std": float(np.abs(theirs - ours).max() / ours.std()),
+            "top1_agreement": float(np.mean(theirs.argmax(-1) == ours.argmax(-1)))}
