@@ -4,6 +4,7 @@ tokenizer, reads back as exactly the simulated model; llama.cpp (when installed)
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import numpy as np
@@ -15,13 +16,14 @@ gguf = pytest.importorskip("gguf")
 from qcore.errors import ConfigError  # noqa: E402
 from qcore.export.gguf import block_bytes, write_gguf  # noqa: E402
 from qcore.groupwise import GGUF_GRIDS, quantize_groups  # noqa: E402
+from qdemo.testing import save_tiny_llama_gguf  # noqa: E402
 from qptq.llm.config import DecoderConfig  # noqa: E402
 from qptq.llm.gguf_export import save_gguf  # noqa: E402
 from qptq.llm.gguf_weights import read_gguf  # noqa: E402
-from qptq.llm.llama import Llama, gguf_tensors, load_gguf  # noqa: E402
+from qptq.llm.llama import load_gguf  # noqa: E402
 from qptq.weight_only import WeightOnlyConfig, quantize_  # noqa: E402
 
-# vocabulary: SentencePiece-style, 3 control tokens, the 256 byte tokens, then pieces; every width a multiple of 32
+# qdemo's tiny Llama: every width a multiple of GGUF's 32-wide blocks
 CFG = DecoderConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                     num_kv_heads=2, head_dim=16, rope_theta=10000.0, rms_eps=1e-5, context_length=256)
 
@@ -55,54 +57,15 @@ def test_q4_0_codes_by_hand():
     assert byte0 == 0 | (8 << 4)
 
 
-def _source_gguf(path, model):
-    """A float32 GGUF of ``model`` as llama.cpp's converter writes a Llama: hyper-parameters, a SentencePiece
-    vocabulary, q/k rows in its rotary order."""
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tiny-test-llama")
-    w.add_context_length(CFG.context_length)
-    w.add_embedding_length(CFG.hidden_size)
-    w.add_feed_forward_length(CFG.intermediate_size)
-    w.add_block_count(CFG.num_layers)
-    w.add_head_count(CFG.num_heads)
-    w.add_head_count_kv(CFG.num_kv_heads)
-    w.add_rope_freq_base(CFG.rope_theta)
-    w.add_layer_norm_rms_eps(CFG.rms_eps)
-    w.add_rope_dimension_count(CFG.head_dim)
-    w.add_file_type(0)
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    tokens += [f"\u2581w{i}" for i in range(CFG.vocab_size - len(tokens))]
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(tokens) - 259)])
-    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (len(tokens) - 259))
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    state = {k: v.numpy() for k, v in model.state_dict().items()}
-    for name, where in gguf_tensors(CFG).items():
-        w.add_tensor(where.name, where.from_paddle(state[name]).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 @pytest.fixture(scope="module")
 def quantized(tmp_path_factory):
     """The source GGUF, the model read from it, its float logits, and a Q4_0 copy (GPTQ + clip search, Q8_0 table)
     with its logits and the GGUF written from it."""
     tmp = tmp_path_factory.mktemp("gguf")
-    paddle.seed(3)
-    net = Llama(CFG)
     rng = np.random.default_rng(1)
-    for p in net.parameters():
-        p.set_value((rng.normal(0.0, 0.08, p.shape) if p.ndim == 2 else rng.uniform(0.8, 1.2, p.shape))
-                    .astype("float32"))
-    source = _source_gguf(tmp / "source.gguf", net)
+    source = save_tiny_llama_gguf(tmp / "source.gguf")
     model, _ = load_gguf(source)
+    assert model.cfg == dataclasses.replace(CFG, rms_eps=float(np.float32(1e-5)))  # GGUF stores float32
     ids = rng.integers(3, CFG.vocab_size, (1, 48))
     with paddle.no_grad():
         float_logits = model(paddle.to_tensor(ids))[0].numpy()

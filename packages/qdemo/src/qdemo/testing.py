@@ -134,3 +134,57 @@ def save_fft_net(directory: Path, part: str = "abs") -> None:
     net.eval()
     paddle.jit.save(net, str(Path(directory) / "inference"),
                     input_spec=[paddle.static.InputSpec([None, 3, 28, 28], "float32", "x")])
+
+
+def save_tiny_llama_gguf(path: Path, seed: int = 1, layers: int = 2) -> Path:
+    """A float32 GGUF of a random tiny Llama (hidden 64, 4 heads of 16, 2 KV heads, FFN 128, ``layers`` layers,
+    tied embedding) as llama.cpp's converter writes one: hyper-parameters, a SentencePiece vocabulary of 320
+    tokens (3 control, the 256 bytes, pieces), every tensor under its GGUF name. Needs the ``gguf`` package."""
+    import gguf
+
+    hidden, inter, heads, kv_heads, head_dim, vocab = 64, 128, 4, 2, 16, 320
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny-test-llama")
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(inter)
+    w.add_block_count(layers)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(head_dim)
+    w.add_file_type(0)
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tokens += [f"\u2581w{i}" for i in range(vocab - len(tokens))]
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 259 + [-float(i) for i in range(vocab - 259)])
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (vocab - 259))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+    def matrix(rows: int, cols: int) -> np.ndarray:
+        return rng.normal(0.0, 0.08, (rows, cols)).astype(np.float32)
+
+    def norm() -> np.ndarray:
+        return rng.uniform(0.8, 1.2, hidden).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", matrix(vocab, hidden))
+    for i in range(layers):  # [out, in], as GGUF stores a linear
+        for name, shape in (("attn_q", (heads * head_dim, hidden)), ("attn_k", (kv_heads * head_dim, hidden)),
+                            ("attn_v", (kv_heads * head_dim, hidden)), ("attn_output", (hidden, heads * head_dim)),
+                            ("ffn_gate", (inter, hidden)), ("ffn_up", (inter, hidden)),
+                            ("ffn_down", (hidden, inter))):
+            w.add_tensor(f"blk.{i}.{name}.weight", matrix(*shape))
+        w.add_tensor(f"blk.{i}.attn_norm.weight", norm())
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", norm())
+    w.add_tensor("output_norm.weight", norm())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

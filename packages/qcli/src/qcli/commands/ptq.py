@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     dynamic = methods.add_parser("dynamic", help="weight-only: int8/int16 per channel (no calibration data), or "
                                                  "int4/int8 per group of input channels for LLM matmuls")
     _common(dynamic)
-    dynamic.add_argument("--weight-bits", "--bits", type=int, default=8, choices=[4, 8, 16],
+    dynamic.add_argument("--weight-bits", "--bits", type=int, default=8, choices=[4, 5, 8, 16],
                          help="4: int4 groups of matmul weights (LLMs; --backend onnxruntime or openvino-runtime "
                               "for the compressed ONNX file)")
     dynamic.add_argument("--op-types", nargs="+", default=None,
@@ -51,6 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     groups.add_argument("--clip-search", action="store_true",
                         help="per-group range search by output error (with gptq: of its fixed grids)")
     groups.add_argument("--symmetric", action="store_true", help="no zero points")
+    groups.add_argument("--sequential", action="store_true",
+                        help="calibrate a decoder's layers one after another on the quantized layers' outputs "
+                             "(GPTQ's order; Python layers and LLM checkpoints)")
     groups.add_argument("--ratio", type=float, default=1.0, help="share of weights at 4 bits, the rest int8")
     groups.add_argument("--embedding-bits", type=int, default=None, choices=[4, 8],
                         help="also the embedding tables (and an LM head tied to one): int4 or int8 groups")
@@ -61,6 +64,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                              "input, or module:function / file.py:function returning an iterable of samples")
     groups.add_argument("--batch-size", type=int, default=8)
     groups.add_argument("--batch-nums", type=int, default=None, help="stop after this many batches")
+    llm = dynamic.add_argument_group("LLM checkpoints (MODEL a .gguf file): --bits 4|5|8 and --symmetric pick the "
+                                     "block type (Q4_0 = --bits 4 --symmetric, Q4_1 = --bits 4, Q8_0 = --bits 8)")
+    llm.add_argument("--format", default=None, choices=["gguf"],
+                     help="what to write (default for a .gguf MODEL: gguf, for llama.cpp; OUT is the .gguf file); "
+                          "--data then takes a .txt of text or a .npy of token ids")
     dynamic.set_defaults(run=run_dynamic)
 
     static = methods.add_parser("static", help="int8 weights and activations, calibrated on sample data")
@@ -140,6 +148,8 @@ def _grouped(args: argparse.Namespace) -> bool:
 
 def run_dynamic(args: argparse.Namespace) -> int:
     qptq = require("ptq")
+    if args.format is not None or args.model.suffix == ".gguf":
+        return _run_llm(args)
     _check_paths(args)
     source = find_model_files(args.model, args.model_filename, args.params_filename)
     if _grouped(args):
@@ -166,6 +176,7 @@ def _run_weight_only(args: argparse.Namespace, source: ModelFiles) -> int:
         bits=args.weight_bits, group_size=128 if args.group_size is None else args.group_size,
         symmetric=args.symmetric, algo=args.algo or "rtn", awq=args.awq, clip_search=args.clip_search,
         ratio=args.ratio, group_size_fallback=args.group_size_fallback, embedding_bits=args.embedding_bits,
+        sequential=args.sequential,
     )
     samples = None if args.data is None else sample_source(args.data, lambda: _sample_shape(source, None))
     start = time.perf_counter()
@@ -182,6 +193,60 @@ def _run_weight_only(args: argparse.Namespace, source: ModelFiles) -> int:
         "float_weight_bytes": sum(4 * layer.shape[0] * layer.shape[1] for layer in result.layers),
     }
     return _finish(args, source, files, report, time.perf_counter() - start, samples)
+
+
+#: The least share of positions whose top token llama.cpp and the simulation agree on, for a verified file.
+LLAMA_CPP_AGREEMENT = 0.9
+
+
+def _run_llm(args: argparse.Namespace) -> int:
+    """An LLM checkpoint (GGUF) to a quantized file for an LLM runtime (:func:`qptq.llm.route.quantize_llm`)."""
+    from qptq.llm.route import quantize_llm
+    from qptq.weight_only import WeightOnlyConfig
+
+    if args.model.suffix != ".gguf":
+        raise ConfigError(f"--format {args.format} reads a GGUF checkpoint; {args.model} is not a .gguf file")
+    if args.backend is not None:
+        raise ConfigError("--backend names a Paddle or ONNX runtime; a GGUF file runs in llama.cpp: drop --backend")
+    if args.weight_bits == 16:
+        raise ConfigError("--bits 16 has no GGUF block type here; use 4, 5 or 8")
+    report_path = _report_path(args)
+    config = WeightOnlyConfig(
+        bits=args.weight_bits, group_size=32 if args.group_size is None else args.group_size,
+        symmetric=args.symmetric, algo=args.algo or "rtn", clip_search=args.clip_search, awq=args.awq,
+        ratio=args.ratio, group_size_fallback=args.group_size_fallback, embedding_bits=args.embedding_bits,
+        grid="gguf", sequential=args.sequential)
+    start = time.perf_counter()
+    done = quantize_llm(args.model, args.out, config, args.data, format="gguf", show_progress=True)
+    seconds = time.perf_counter() - start
+    formats = done.formats()
+    report = {"method": "dynamic", "format": done.format, "model": str(args.model), "output": str(done.output),
+              "architecture": done.architecture, "seconds": round(seconds, 3),
+              "weight_only": dataclasses.asdict(config),
+              "sizes": {"float32_params_bytes": done.float_bytes, "file_bytes": done.file_bytes,
+                        "ratio": round(done.file_bytes / done.float_bytes, 4)},
+              "weights_per_type": formats, "layers": [dataclasses.asdict(layer) for layer in done.result.layers],
+              "verified": done.verified}
+    check = done.verified.get("llama.cpp")
+    status = 0
+    if isinstance(check, dict) and check["top1_agreement"] < LLAMA_CPP_AGREEMENT:
+        report["verification_failed"] = f"llama.cpp agrees with the simulation on {check['top1_agreement']:.0%}"
+        status = VERIFICATION_FAILED
+    write_bytes(report_path, json.dumps(report, indent=1).encode())
+    main_type = max(formats, key=formats.__getitem__)
+    others = [f"{layer.name} {layer.grid}" for layer in done.result.layers if layer.grid != main_type]
+    print(f"quantized model: {done.output} (GGUF for llama.cpp, {done.architecture}; {seconds:.0f} s): "
+          f"{done.file_bytes / 1e6:.1f} MB, {report['sizes']['ratio']:.2f}x the float32 parameters' "
+          f"{done.float_bytes / 1e6:.1f} MB; report: {report_path}")
+    print(f"  {len(done.result.layers) - len(others)} tensors {main_type}" + (f"; {', '.join(others)}" if others
+                                                                             else ""))
+    for where, what in done.verified.items():
+        text = (f"logits within {what['max_abs_diff_over_std']:.3f} std of the simulation's, top token agrees on "
+                f"{what['top1_agreement']:.0%} of positions" if isinstance(what, dict) else what)
+        print(f"  verified, {where}: {text}")
+    if status:
+        print(f"qcli {args.command}: the file is written, but {report['verification_failed']}", file=sys.stderr)
+    return status
 
 
 def run_static(args: argparse.Namespace) -> int:

@@ -31,7 +31,9 @@ class WeightOnlyConfig:
     float. ``grid``: the grid family (:data:`qcore.groupwise.GRID_FAMILIES`): ``"int"`` for ONNX's
     ``MatMulNBits`` and OpenVINO, ``"gguf"`` for llama.cpp's block types (``bits`` 4, 5 or 8 with
     ``group_size=32``: ``Q4_0`` / ``Q5_0`` / ``Q8_0`` symmetric, ``Q4_1`` / ``Q5_1`` otherwise; no AWQ, whose input
-    scales a GGUF file cannot hold).
+    scales a GGUF file cannot hold). ``sequential``: a decoder's layers (its longest ``LayerList``) are
+    calibrated one after another, each on the outputs of the layers already quantized (GPTQ's order), instead
+    of every Hessian from one float pass; mixed precision then applies within each layer.
     """
 
     bits: int = 4
@@ -45,6 +47,7 @@ class WeightOnlyConfig:
     skip: Sequence[str] = ()
     embedding_bits: int | None = None
     grid: str = "int"
+    sequential: bool = False
 
     def __post_init__(self) -> None:
         validate_choice("grid", self.grid, GRID_FAMILIES)

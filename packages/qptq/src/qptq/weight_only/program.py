@@ -54,6 +54,10 @@ def quantize_program(graph: Graph, config: WeightOnlyConfig, batches: Iterable[d
                      op_types: Iterable[str] = MATMUL_TYPES, progress: Callable[[str], None] | None = None
                      ) -> WeightOnlyResult:
     """Quantize the weights of ``graph``'s matmuls in place (its parameters hold the simulation)."""
+    if config.sequential:
+        raise ConfigError("sequential=True calibrates a decoder's layers one after another, which needs them as "
+                          "paddle.nn layers (quantize_ on the model, or an LLM checkpoint); a saved program is "
+                          "calibrated in one pass: use sequential=False")
     ops = weight_matmuls(graph, config, op_types)
     tables = [] if config.embedding_bits is None else sorted({
         w.name for w in (graph.weight_operand(op) for op in graph.ops(["lookup_table"])) if w is not None

@@ -1,0 +1,65 @@
+"""``qcli ptq dynamic MODEL.gguf OUT.gguf``: an LLM checkpoint to a GGUF file for llama.cpp in one command, the
+report naming the file, its size against float and each tensor's block type; bad input is one line before any
+work and leaves nothing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")
+
+from qcli.main import main  # noqa: E402
+from qdemo.testing import save_tiny_llama_gguf  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llm")
+    source = save_tiny_llama_gguf(folder / "tiny.gguf")
+    ids = np.random.default_rng(0).integers(3, 320, 2048)
+    np.save(folder / "ids.npy", ids)
+    return source, folder / "ids.npy"
+
+
+def test_one_command_writes_a_q4_0_gguf_and_reports_it(checkpoint, tmp_path, capsys):
+    source, ids = checkpoint
+    out = tmp_path / "tiny-q4_0.gguf"
+    code = main(["ptq", "dynamic", str(source), str(out), "--bits", "4", "--symmetric", "--algo", "gptq",
+                 "--clip-search", "--embedding-bits", "8", "--data", str(ids)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    report = json.loads((tmp_path / "tiny-q4_0.gguf.report.json").read_text())
+    assert report["format"] == "gguf" and report["output"] == str(out) and out.is_file()
+    assert report["sizes"]["file_bytes"] == out.stat().st_size
+    # 4.5 bits a weight for the linears, 8.5 for the table, float32 norms: well under a fifth of float32
+    assert 0.1 < report["sizes"]["ratio"] < 0.2
+    assert report["weights_per_type"] == {"Q4_0": 2 * (4 * 64 * 64 + 3 * 64 * 128), "Q8_0": 320 * 64}
+    assert {layer["grid"] for layer in report["layers"] if layer["name"] != "embed_tokens"} == {"Q4_0"}
+    assert report["verified"]["gguf_reader"] == "every tensor equals the simulation"
+    assert f"quantized model: {out}" in printed and "14 tensors Q4_0; embed_tokens Q8_0" in printed
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--bits", "4", "--group-size", "128"], "Q4_1 blocks hold 32 input channels; use group_size=32"),
+    (["--bits", "4", "--backend", "onnxruntime"], "a GGUF file runs in llama.cpp: drop --backend"),
+    (["--bits", "4", "--awq"], "awq=True divides each linear's input by scales a GGUF file cannot hold"),
+])
+def test_bad_llm_options_are_one_line_before_any_work(checkpoint, tmp_path, capsys, extra, message):
+    source, _ = checkpoint
+    code = main(["ptq", "dynamic", str(source), str(tmp_path / "o.gguf"), *extra])
+    assert code != 0 and message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_without_the_gguf_suffix_and_a_non_gguf_model_are_refused(checkpoint, tmp_path, capsys):
+    source, _ = checkpoint
+    assert main(["ptq", "dynamic", str(source), str(tmp_path / "out"), "--bits", "4"]) != 0
+    assert "must end with .gguf" in capsys.readouterr().err
+    not_gguf = tmp_path / "x.gguf"
+    not_gguf.write_bytes(b"not a gguf file")
+    assert main(["ptq", "dynamic", str(not_gguf), str(tmp_path / "o.gguf"), "--bits", "4"]) != 0
+    assert "is not a readable GGUF file" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.gguf"]
