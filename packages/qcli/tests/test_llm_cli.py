@@ -36,15 +36,18 @@ def test_one_command_writes_a_q4_0_gguf_and_reports_it(checkpoint, tmp_path, cap
     assert report["sizes"]["file_bytes"] == out.stat().st_size
     # 4.5 bits a weight for the linears, 8.5 for the table, float32 norms: well under a fifth of float32
     assert 0.1 < report["sizes"]["ratio"] < 0.2
-    assert report["weights_per_type"] == {"Q4_0": 2 * (4 * 64 * 64 + 3 * 64 * 128), "Q8_0": 320 * 64}
+    # per layer: q and o 64x64, k and v 64x32 (2 KV heads of 16), gate, up and down 64x128
+    assert report["weights_per_type"] == {"Q4_0": 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128), "Q8_0": 320 * 64}
     assert {layer["grid"] for layer in report["layers"] if layer["name"] != "embed_tokens"} == {"Q4_0"}
     assert report["verified"]["gguf_reader"] == "every tensor equals the simulation"
+    if isinstance(report["verified"]["llama.cpp"], dict):  # llama-cpp-python installed: it ran the file
+        assert report["verified"]["llama.cpp"]["top1_agreement"] >= 0.9
     assert f"quantized model: {out}" in printed and "14 tensors Q4_0; embed_tokens Q8_0" in printed
 
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["--bits", "4", "--group-size", "128"], "Q4_1 blocks hold 32 input channels; use group_size=32"),
-    (["--bits", "4", "--backend", "onnxruntime"], "a GGUF file runs in llama.cpp: drop --backend"),
+    (["--bits", "4", "--backend", "onnxruntime"], "--format gguf names the LLM runtime: drop --backend"),
     (["--bits", "4", "--awq"], "awq=True divides each linear's input by scales a GGUF file cannot hold"),
 ])
 def test_bad_llm_options_are_one_line_before_any_work(checkpoint, tmp_path, capsys, extra, message):
@@ -63,3 +66,24 @@ def test_an_output_without_the_gguf_suffix_and_a_non_gguf_model_are_refused(chec
     assert main(["ptq", "dynamic", str(not_gguf), str(tmp_path / "o.gguf"), "--bits", "4"]) != 0
     assert "is not a readable GGUF file" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.gguf"]
+
+
+def test_one_command_writes_an_onnxruntime_genai_folder(checkpoint, tmp_path, capsys):
+    source, ids = checkpoint
+    out = tmp_path / "genai"
+    code = main(["ptq", "dynamic", str(source), str(out), "--format", "onnxruntime-genai", "--bits", "4",
+                 "--group-size", "32", "--algo", "gptq", "--embedding-bits", "8", "--data", str(ids)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert sorted(p.name for p in out.iterdir()) == ["genai_config.json", "model.onnx", "model.onnx.data",
+                                                     "tokenizer.json", "tokenizer_config.json"]
+    config = json.loads((out / "genai_config.json").read_text())["model"]
+    assert config["decoder"]["num_hidden_layers"] == 2 and config["decoder"]["num_key_value_heads"] == 2
+    assert config["eos_token_id"] == 2 and config["bos_token_id"] == 1
+    report = json.loads((tmp_path / "genai.report.json").read_text())
+    assert report["weights_per_type"] == {"uint4": 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128), "uint8": 320 * 64}
+    (runtime, check), = report["verified"].items()
+    assert runtime in ("onnxruntime-genai", "onnxruntime (session)")
+    # int8 activations per block (MatMulNBits accuracy level 4) against the float simulation: close, same tokens
+    assert check["top1_agreement"] >= 0.9 and check["max_abs_diff_over_std"] < 0.5
+    assert "an ONNX Runtime GenAI folder" in printed

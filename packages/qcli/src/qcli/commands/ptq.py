@@ -66,9 +66,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     groups.add_argument("--batch-nums", type=int, default=None, help="stop after this many batches")
     llm = dynamic.add_argument_group("LLM checkpoints (MODEL a .gguf file): --bits 4|5|8 and --symmetric pick the "
                                      "block type (Q4_0 = --bits 4 --symmetric, Q4_1 = --bits 4, Q8_0 = --bits 8)")
-    llm.add_argument("--format", default=None, choices=["gguf"],
-                     help="what to write (default for a .gguf MODEL: gguf, for llama.cpp; OUT is the .gguf file); "
-                          "--data then takes a .txt of text or a .npy of token ids")
+    llm.add_argument("--format", default=None, choices=["gguf", "onnxruntime-genai"],
+                     help="what to write: gguf (the default for a .gguf MODEL; OUT is the .gguf file llama.cpp "
+                          "runs) or onnxruntime-genai (OUT a folder onnxruntime_genai runs; int4/int8 groups, "
+                          "--group-size default 128); --data then takes a .txt of text or a .npy of token ids")
     dynamic.set_defaults(run=run_dynamic)
 
     static = methods.add_parser("static", help="int8 weights and activations, calibrated on sample data")
@@ -195,29 +196,28 @@ def _run_weight_only(args: argparse.Namespace, source: ModelFiles) -> int:
     return _finish(args, source, files, report, time.perf_counter() - start, samples)
 
 
-#: The least share of positions whose top token llama.cpp and the simulation agree on, for a verified file.
-LLAMA_CPP_AGREEMENT = 0.9
-
-
 def _run_llm(args: argparse.Namespace) -> int:
     """An LLM checkpoint (GGUF) to a quantized file for an LLM runtime (:func:`qptq.llm.route.quantize_llm`)."""
-    from qptq.llm.route import quantize_llm
+    from qptq.llm.route import LLM_FORMATS, MIN_AGREEMENT, quantize_llm
     from qptq.weight_only import WeightOnlyConfig
 
+    fmt = args.format or "gguf"
     if args.model.suffix != ".gguf":
-        raise ConfigError(f"--format {args.format} reads a GGUF checkpoint; {args.model} is not a .gguf file")
+        raise ConfigError(f"--format {fmt} reads a GGUF checkpoint; {args.model} is not a .gguf file")
     if args.backend is not None:
-        raise ConfigError("--backend names a Paddle or ONNX runtime; a GGUF file runs in llama.cpp: drop --backend")
+        raise ConfigError(f"--backend names a Paddle or ONNX runtime; --format {fmt} names the LLM runtime: "
+                          "drop --backend")
+    grid = LLM_FORMATS[fmt][1]
     if args.weight_bits == 16:
-        raise ConfigError("--bits 16 has no GGUF block type here; use 4, 5 or 8")
+        raise ConfigError("--bits 16 has no weight-only LLM grid; use 4 or 8 (5 for GGUF)")
     report_path = _report_path(args)
     config = WeightOnlyConfig(
-        bits=args.weight_bits, group_size=32 if args.group_size is None else args.group_size,
+        bits=args.weight_bits, group_size=args.group_size or (32 if grid == "gguf" else 128),
         symmetric=args.symmetric, algo=args.algo or "rtn", clip_search=args.clip_search, awq=args.awq,
         ratio=args.ratio, group_size_fallback=args.group_size_fallback, embedding_bits=args.embedding_bits,
-        grid="gguf", sequential=args.sequential)
+        grid=grid, sequential=args.sequential)
     start = time.perf_counter()
-    done = quantize_llm(args.model, args.out, config, args.data, format="gguf", show_progress=True)
+    done = quantize_llm(args.model, args.out, config, args.data, format=fmt, show_progress=True)
     seconds = time.perf_counter() - start
     formats = done.formats()
     report = {"method": "dynamic", "format": done.format, "model": str(args.model), "output": str(done.output),
@@ -227,15 +227,16 @@ def _run_llm(args: argparse.Namespace) -> int:
                         "ratio": round(done.file_bytes / done.float_bytes, 4)},
               "weights_per_type": formats, "layers": [dataclasses.asdict(layer) for layer in done.result.layers],
               "verified": done.verified}
-    check = done.verified.get("llama.cpp")
     status = 0
-    if isinstance(check, dict) and check["top1_agreement"] < LLAMA_CPP_AGREEMENT:
-        report["verification_failed"] = f"llama.cpp agrees with the simulation on {check['top1_agreement']:.0%}"
-        status = VERIFICATION_FAILED
+    for where, check in done.verified.items():
+        if isinstance(check, dict) and check["top1_agreement"] < MIN_AGREEMENT:
+            report["verification_failed"] = f"{where} agrees with the simulation on {check['top1_agreement']:.0%}"
+            status = VERIFICATION_FAILED
     write_bytes(report_path, json.dumps(report, indent=1).encode())
     main_type = max(formats, key=formats.__getitem__)
     others = [f"{layer.name} {layer.grid}" for layer in done.result.layers if layer.grid != main_type]
-    print(f"quantized model: {done.output} (GGUF for llama.cpp, {done.architecture}; {seconds:.0f} s): "
+    runtime = "GGUF for llama.cpp" if fmt == "gguf" else "an ONNX Runtime GenAI folder"
+    print(f"quantized model: {done.output} ({runtime}, {done.architecture}; {seconds:.0f} s): "
           f"{done.file_bytes / 1e6:.1f} MB, {report['sizes']['ratio']:.2f}x the float32 parameters' "
           f"{done.float_bytes / 1e6:.1f} MB; report: {report_path}")
     print(f"  {len(done.result.layers) - len(others)} tensors {main_type}" + (f"; {', '.join(others)}" if others

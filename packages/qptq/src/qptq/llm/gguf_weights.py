@@ -44,6 +44,13 @@ class GGUFModel:
         return tokenizer_from_metadata(self.metadata)
 
 
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    """A GGUF file's key-value metadata (architecture, hyper-parameters, tokenizer), without reading tensors."""
+    from gguf import GGUFReader
+
+    return _metadata(GGUFReader(str(path)))
+
+
 def _metadata(reader: Any) -> dict[str, Any]:
     out = {}
     for key, value in reader.fields.items():

@@ -9,6 +9,9 @@ array or windows) or plain text, cut into windows with the file's own tokenizer.
   ``group_size=32``), metadata and tokenizer from the source. Verified by reading the written file back with the
   ``gguf`` package and comparing every tensor with the simulation (bit-exact), and, where ``llama-cpp-python`` is
   installed, llama.cpp's logits against the simulation's on a calibration window.
+* ``"onnxruntime-genai"``: an ONNX Runtime GenAI folder (:mod:`.onnx_export`): ``MatMulNBits`` on the ``"int"``
+  grids, ``genai_config.json``, the tokenizer. Verified by the logits of ``onnxruntime_genai`` (where installed,
+  else ONNX Runtime's session on the same file) against the simulation's on a calibration window.
 
 Every problem with the input is one :class:`~qcore.errors.ConfigError` line before any work.
 """
@@ -24,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from qcore.errors import ConfigError, DataError
-from qcore.outputs import check_output_file
+from qcore.outputs import check_output_dir, check_output_file
 
 from ..progress import Progress, progress
 from ..weight_only.config import WeightOnlyConfig
@@ -32,8 +35,10 @@ from ..weight_only.layer import quantize_
 from ..weight_only.plan import WeightOnlyResult
 from . import gemma3, llama
 
-#: Formats :func:`quantize_llm` writes, and the file name each must end with.
-LLM_FORMATS = {"gguf": ".gguf"}
+#: Formats :func:`quantize_llm` writes: the suffix the output must have ("" for a folder) and the grid family.
+LLM_FORMATS = {"gguf": (".gguf", "gguf"), "onnxruntime-genai": ("", "int")}
+#: The least share of positions whose top token the runtime and the simulation must agree on.
+MIN_AGREEMENT = 0.9
 #: Tokens per calibration window cut from text, and the most windows taken.
 WINDOW, WINDOWS = 256, 32
 
@@ -110,13 +115,17 @@ def calibration_windows(data: str | os.PathLike[str] | np.ndarray | Sequence[Seq
 def _check(source: Path, out: Path, config: WeightOnlyConfig, format: str) -> str:
     if format not in LLM_FORMATS:
         raise ConfigError(f"format={format!r} is not written; use one of {sorted(LLM_FORMATS)}")
-    if out.suffix != LLM_FORMATS[format]:
-        raise ConfigError(f"the {format} output {out} must end with {LLM_FORMATS[format]}")
-    if format == "gguf" and config.grid != "gguf":
-        raise ConfigError("a GGUF file stores llama.cpp's block types: quantize with WeightOnlyConfig(grid='gguf', "
-                          "group_size=32)")
+    suffix, grid = LLM_FORMATS[format]
+    if suffix and out.suffix != suffix:
+        raise ConfigError(f"the {format} output {out} must end with {suffix}")
+    if config.grid != grid:
+        raise ConfigError(f"format={format!r} stores codes on the {grid!r} grids: quantize with "
+                          f"WeightOnlyConfig(grid={grid!r}{', group_size=32' if grid == 'gguf' else ''})")
     arch = source_architecture(source)
-    check_output_file(out, "output")
+    if suffix:
+        check_output_file(out, "output")
+    else:
+        check_output_dir(out, [source])
     if out.resolve() == source.resolve():
         raise ConfigError(f"the output {out} is the input model; write to another file")
     return arch
@@ -144,12 +153,21 @@ def quantize_llm(source: str | os.PathLike[str], out: str | os.PathLike[str], co
     finally:
         if counter is not None:
             counter.close()
-    from .gguf_export import save_gguf
+    window = windows[0] if windows else None
+    if format == "gguf":
+        from .gguf_export import save_gguf
 
-    written = save_gguf(model, result, source, out)
-    report = LlmReport(written, format, arch, written.stat().st_size, float_bytes, result)
-    report.verified = verify_gguf(written, model, windows[0] if windows else None)
-    return report
+        written = save_gguf(model, result, source, out)
+        verified = verify_gguf(written, model, window)
+        size = written.stat().st_size
+    else:
+        from .gguf_weights import read_metadata
+        from .onnx_export import save_ortgenai
+
+        written = save_ortgenai(model, result, tokenizer, read_metadata(source), out)
+        verified = verify_ortgenai(written, model, window)
+        size = sum(p.stat().st_size for p in written.iterdir() if p.is_file())
+    return LlmReport(written, format, arch, size, float_bytes, result, verified)
 
 
 def verify_gguf(path: Path, model: Any, window: np.ndarray | None) -> dict[str, Any]:
@@ -177,17 +195,46 @@ def verify_gguf(path: Path, model: Any, window: np.ndarray | None) -> dict[str, 
     return verified
 
 
-def llama_cpp_agreement(path: Path, model: Any, ids: np.ndarray) -> dict[str, float]:
-    """llama.cpp's logits of ``ids`` (``[1, T]``) from ``path`` against ``model``'s: the largest difference
-    relative to the logits' spread, and the share of positions whose top token agrees."""
-    import llama_cpp
+def verify_ortgenai(folder: Path, model: Any, window: np.ndarray | None) -> dict[str, Any]:
+    """The logits of ``window`` (default: 32 fixed ids) from the folder, run by ``onnxruntime_genai`` where it is
+    installed (else by ONNX Runtime's session on ``model.onnx``), against ``model``'s."""
+    import importlib.util
+
+    ids = window[:, :64] if window is not None else np.arange(3, 35, dtype=np.int64)[None]
+    if importlib.util.find_spec("onnxruntime_genai") is not None:
+        import onnxruntime_genai as og
+
+        genai_model = og.Model(str(folder))
+        generator = og.Generator(genai_model, og.GeneratorParams(genai_model))
+        generator.append_tokens(ids[0].tolist())
+        theirs, runner = np.asarray(generator.get_output("logits"))[0], "onnxruntime-genai"
+    else:
+        import onnxruntime as ort
+
+        cfg = model.cfg
+        session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+        empty = np.zeros((1, cfg.num_kv_heads, 0, cfg.head_dim), np.float32)
+        feed = {i.name: empty for i in session.get_inputs() if i.name != "input_ids"}
+        theirs, runner = session.run(["logits"], {"input_ids": ids, **feed})[0][0], "onnxruntime (session)"
+    return {runner: agreement(theirs, model, ids)}
+
+
+def agreement(theirs: np.ndarray, model: Any, ids: np.ndarray) -> dict[str, float]:
+    """A runtime's logits of ``ids`` (``[1, T]``; ``theirs`` ``[T, vocab]``) against ``model``'s simulation: the
+    largest difference relative to the logits' spread, and the share of positions whose top token agrees."""
     import paddle
 
-    llm = llama_cpp.Llama(str(path), n_ctx=max(64, ids.shape[1]), n_threads=os.cpu_count() or 1,
-                          logits_all=True, verbose=False)
-    llm.eval([int(i) for i in ids[0]])
-    theirs = np.asarray(llm.scores[: ids.shape[1]], np.float32)
     with paddle.no_grad():
         ours = model(paddle.to_tensor(ids))[0].numpy()[0]
     return {"max_abs_diff_over_std": float(np.abs(theirs - ours).max() / ours.std()),
             "top1_agreement": float(np.mean(theirs.argmax(-1) == ours.argmax(-1)))}
+
+
+def llama_cpp_agreement(path: Path, model: Any, ids: np.ndarray) -> dict[str, float]:
+    """llama.cpp's logits of ``ids`` (``[1, T]``) from ``path`` against ``model``'s (:func:`agreement`)."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(str(path), n_ctx=max(64, ids.shape[1]), n_threads=os.cpu_count() or 1,
+                          logits_all=True, verbose=False)
+    llm.eval([int(i) for i in ids[0]])
+    return agreement(np.asarray(llm.scores[: ids.shape[1]], np.float32), model, ids)

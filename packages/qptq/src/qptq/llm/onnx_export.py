@@ -1,0 +1,70 @@
+"""A weight-only quantized decoder (:mod:`.llama`, :mod:`.gemma3`) as ONNX: its PIR decode step (explicit KV cache)
+through paddle2onnx, matmuls swapped for ``MatMulNBits`` and the table for the runtime's quantized lookup
+(:mod:`qcore.export.nbits`), and as an ONNX Runtime GenAI folder (:mod:`qcore.export.ortgenai`) with the
+tokenizer of the GGUF the model was read from."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from qcore.export.nbits import INT8_ACTIVATIONS, replace_matmuls
+from qcore.export.ortgenai import DecoderShape, name_decoder_io, write_genai_folder
+from qcore.export.paddle2onnx_float import float_onnx
+from qcore.model_io import find_model_files
+
+from ..weight_only.plan import WeightOnlyResult
+from .common import export
+from .config import Gemma3Config
+
+#: GenAI's model family per decoder config class (its ``type``): both run as its generic decoder-only model.
+GENAI_TYPES = {Gemma3Config: "gemma3_text"}
+
+
+def decoder_onnx(model: Any, result: WeightOnlyResult, runtime: str = "onnxruntime",
+                 accuracy_level: int = INT8_ACTIVATIONS) -> Any:
+    """The ONNX decode step of ``model`` (quantized in place, ``grid="int"``) with ``result``'s codes."""
+    with tempfile.TemporaryDirectory(prefix="qptq-llm-") as tmp:
+        export(model, tmp)
+        onnx_model = float_onnx(find_model_files(Path(tmp) / "decode"))
+    replace_matmuls(onnx_model, result.codes, result.input_scales, accuracy_level, runtime)
+    name_decoder_io(onnx_model, model.cfg.num_layers)
+    return onnx_model
+
+
+def tokenizer_files(tokenizer: Any, metadata: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``tokenizer.json`` (the ``tokenizers.Tokenizer`` built from the GGUF) and a ``tokenizer_config.json``
+    naming its kind (byte-level BPE: GPT-2's; SentencePiece BPE: Llama's) and special tokens."""
+    tokens = metadata["tokenizer.ggml.tokens"]
+    config: dict[str, Any] = {
+        "tokenizer_class": "GPT2Tokenizer" if metadata.get("tokenizer.ggml.model") == "gpt2" else "LlamaTokenizer",
+        "add_bos_token": bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+        "clean_up_tokenization_spaces": False,
+    }
+    for key in ("bos", "eos", "unknown", "padding"):
+        index = metadata.get(f"tokenizer.ggml.{key}_token_id")
+        if index is not None:
+            config[{"unknown": "unk_token", "padding": "pad_token"}.get(key, f"{key}_token")] = tokens[int(index)]
+    return tokenizer.to_str(), config
+
+
+def decoder_shape(model: Any, metadata: dict[str, Any]) -> DecoderShape:
+    cfg = model.cfg
+    bos = metadata.get("tokenizer.ggml.bos_token_id")
+    return DecoderShape(
+        type=GENAI_TYPES.get(type(cfg), "llama"), vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        context_length=cfg.context_length, bos_token_id=None if bos is None else int(bos),
+        eos_token_id=int(metadata.get("tokenizer.ggml.eos_token_id", 0)),
+        pad_token_id=metadata.get("tokenizer.ggml.padding_token_id"))
+
+
+def save_ortgenai(model: Any, result: WeightOnlyResult, tokenizer: Any, metadata: dict[str, Any],
+                  out: str | os.PathLike[str], threads: int | None = None) -> Path:
+    """Write the ONNX Runtime GenAI folder ``out`` of ``model`` (quantized in place by
+    :func:`qptq.weight_only.quantize_`, ``grid="int"``)."""
+    text, config = tokenizer_files(tokenizer, metadata)
+    return write_genai_folder(out, decoder_onnx(model, result), decoder_shape(model, metadata), text, config,
+                              threads)
