@@ -47,11 +47,13 @@ from decoders.text import calibration_text, evaluation_text, token_windows  # no
 from qcore.deploy.host import describe_cpu  # noqa: E402
 from qcore.export.gather_nbits import BLOCK_DQ_OPSET  # noqa: E402
 from qcore.export.nbits import FLOAT_ACTIVATIONS, INT8_ACTIVATIONS, replace_matmuls  # noqa: E402
+from qcore.export.ortgenai import name_decoder_io, write_genai_folder  # noqa: E402
 from qcore.export.paddle2onnx_float import float_onnx  # noqa: E402
 from qcore.model_io import find_model_files  # noqa: E402
 from qptq.llm import gemma3, llama  # noqa: E402
 from qptq.llm.common import cache_names, export  # noqa: E402
-from qptq.llm.gguf_weights import read_gguf  # noqa: E402
+from qptq.llm.gguf_weights import read_gguf, read_metadata  # noqa: E402
+from qptq.llm.onnx_export import decoder_shape, tokenizer_files  # noqa: E402
 from qptq.weight_only import WeightOnlyConfig, quantize_  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -190,14 +192,48 @@ class LlamaCppRunner:
         return tokens
 
 
+class GenAIRunner:
+    """An ONNX Runtime GenAI folder run by ``onnxruntime_genai`` as its users run it: a generator per sequence,
+    greedy search, its own KV cache handling; the folder's session options (2 threads)."""
+
+    def __init__(self, folder: Path) -> None:
+        import onnxruntime_genai as og
+
+        self.og, self.model = og, og.Model(str(folder))
+
+    def _generator(self, max_length: int) -> Any:
+        params = self.og.GeneratorParams(self.model)
+        params.set_search_options(max_length=max_length)
+        return self.og.Generator(self.model, params)
+
+    def prefill(self, ids: np.ndarray) -> list[np.ndarray]:
+        generator = self._generator(ids.shape[1] + 1)
+        generator.append_tokens(ids[0].tolist())
+        return [np.asarray(generator.get_output("logits"))]
+
+    def time_prefill(self, ids: np.ndarray) -> None:
+        self._generator(ids.shape[1] + 1).append_tokens(ids[0].tolist())
+
+    def greedy(self, prompt: list[int], new_tokens: int) -> list[int]:
+        generator = self._generator(len(prompt) + new_tokens)
+        generator.append_tokens(prompt)
+        tokens: list[int] = []
+        while not generator.is_done() and len(tokens) < new_tokens:
+            generator.generate_next_token()
+            tokens.append(int(generator.get_next_tokens()[0]))
+        return tokens
+
+
 def make_runner(runtime: str, path: Path, empty: dict[str, np.ndarray], precision: str | None = None
-                ) -> Runner | LlamaCppRunner:
+                ) -> Runner | LlamaCppRunner | GenAIRunner:
     if runtime == "llama.cpp":
         return LlamaCppRunner(path, 2 * WINDOW + 256)
+    if runtime == "onnxruntime-genai":
+        return GenAIRunner(path)
     return Runner(runtime, path, empty, precision)
 
 
-def perplexity(runner: Runner | LlamaCppRunner, windows: np.ndarray) -> float:
+def perplexity(runner: Runner | LlamaCppRunner | GenAIRunner, windows: np.ndarray) -> float:
     nll, count = 0.0, 0
     for window in windows:
         logits = runner.prefill(window[None])[0][0, :-1].astype(np.float64)
@@ -231,6 +267,7 @@ class Bench:
         self.work.mkdir(parents=True, exist_ok=True)
         self.load = MODELS[args.model][1]
         self.model, tokenizer = self.load()
+        self.tokenizer = tokenizer
         cfg = self.model.cfg
         self.empty = {n: np.zeros((1, cfg.num_kv_heads, 0, cfg.head_dim), np.float32) for n in cache_names(cfg)}
         eval_ids = tokenizer.encode(args.text.read_text() if args.text else evaluation_text()).ids
@@ -268,6 +305,13 @@ def build_ours(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
     replace_matmuls(onnx_model, codes, input_scales, INT8_ACTIVATIONS)
     paths = {"onnxruntime": save(onnx_model, bench.work / name / "model.onnx")}
     paths["openvino"] = paths["onnxruntime"]
+    genai = copy.deepcopy(onnx_model)  # the same file as an ONNX Runtime GenAI folder, the tokenizer beside it
+    name_decoder_io(genai, fresh.cfg.num_layers)
+    source = MODELS[bench.args.model][2]()
+    text, tokenizer_config = tokenizer_files(bench.tokenizer, read_metadata(source))
+    paths["onnxruntime-genai"] = write_genai_folder(bench.work / name / "genai", genai,
+                                                    decoder_shape(fresh, read_metadata(source)), text,
+                                                    tokenizer_config, THREADS)
     if config.embedding_bits:  # the table in the form the OpenVINO runtime keeps compressed (opset 21)
         ov_model = bench.float_model_at(BLOCK_DQ_OPSET)
         replace_matmuls(ov_model, codes, input_scales, INT8_ACTIVATIONS, "openvino-runtime")
@@ -494,7 +538,8 @@ def main() -> None:
     if args.build_only:
         return
     pairs = [(name, runtime, precision) for name in files
-             for runtime, precision in RUNTIMES.get(name, [("onnxruntime", None), ("openvino", None)])
+             for runtime, precision in RUNTIMES.get(name, [("onnxruntime", None), ("onnxruntime-genai", None),
+                                                           ("openvino", None)])
              if runtime in files[name][0]]
     long_prompt = np.asarray(bench.windows[:1])
 
@@ -508,8 +553,9 @@ def main() -> None:
         for _ in range(args.rounds):
             for key, each in runners.items():
                 timings[key]["prefill"].append(WINDOW / timed(lambda r=each: r.time_prefill(long_prompt)))
-                timings[key]["decode"].append(args.decode_tokens / timed(
-                    lambda r=each: r.greedy(bench.prompts[0], args.decode_tokens)))
+                made: list[int] = []  # a runtime that stops at the end-of-text token makes fewer
+                seconds = timed(lambda r=each, out=made: out.extend(r.greedy(bench.prompts[0], args.decode_tokens)))
+                timings[key]["decode"].append(len(made) / seconds)
         del runners
     reference: dict[str, list[list[int]]] = {}
     rows = []
