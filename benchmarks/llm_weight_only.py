@@ -402,6 +402,9 @@ OURS_GGUF = {
                                   embedding_bits=8),
     "gguf-q8_0": WeightOnlyConfig(bits=8, group_size=32, symmetric=True, grid="gguf", algo="gptq",
                                   embedding_bits=8),
+    # the same as gguf-q4_0, each decoder layer calibrated on the outputs of the layers already quantized
+    "gguf-q4_0-seq": WeightOnlyConfig(bits=4, group_size=32, symmetric=True, grid="gguf", algo="gptq",
+                                      clip_search=True, embedding_bits=8, sequential=True),
 }
 LLAMACPP_FTYPES = {"llamacpp-q4_0": 2, "llamacpp-q4_1": 3, "llamacpp-q8_0": 7, "llamacpp-q4_k_m": 15}
 

@@ -66,10 +66,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     groups.add_argument("--batch-nums", type=int, default=None, help="stop after this many batches")
     llm = dynamic.add_argument_group("LLM checkpoints (MODEL a .gguf file): --bits 4|5|8 and --symmetric pick the "
                                      "block type (Q4_0 = --bits 4 --symmetric, Q4_1 = --bits 4, Q8_0 = --bits 8)")
-    llm.add_argument("--format", default=None, choices=["gguf", "onnxruntime-genai"],
+    llm.add_argument("--format", default=None, choices=["gguf", "openvino-genai", "onnxruntime-genai"],
                      help="what to write: gguf (the default for a .gguf MODEL; OUT is the .gguf file llama.cpp "
-                          "runs) or onnxruntime-genai (OUT a folder onnxruntime_genai runs; int4/int8 groups, "
-                          "--group-size default 128); --data then takes a .txt of text or a .npy of token ids")
+                          "runs), or OUT a folder that openvino_genai.LLMPipeline or onnxruntime_genai runs "
+                          "(int4/int8 groups, --group-size default 128); --data takes a .txt of text or a .npy of "
+                          "token ids")
     dynamic.set_defaults(run=run_dynamic)
 
     static = methods.add_parser("static", help="int8 weights and activations, calibrated on sample data")
@@ -235,7 +236,8 @@ def _run_llm(args: argparse.Namespace) -> int:
     write_bytes(report_path, json.dumps(report, indent=1).encode())
     main_type = max(formats, key=formats.__getitem__)
     others = [f"{layer.name} {layer.grid}" for layer in done.result.layers if layer.grid != main_type]
-    runtime = "GGUF for llama.cpp" if fmt == "gguf" else "an ONNX Runtime GenAI folder"
+    runtime = {"gguf": "GGUF for llama.cpp", "openvino-genai": "an OpenVINO GenAI folder",
+               "onnxruntime-genai": "an ONNX Runtime GenAI folder"}[fmt]
     print(f"quantized model: {done.output} ({runtime}, {done.architecture}; {seconds:.0f} s): "
           f"{done.file_bytes / 1e6:.1f} MB, {report['sizes']['ratio']:.2f}x the float32 parameters' "
           f"{done.float_bytes / 1e6:.1f} MB; report: {report_path}")

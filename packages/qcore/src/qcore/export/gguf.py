@@ -18,7 +18,6 @@ is not given, and writes the given ones in their block type (codes) or as float3
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +28,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..groupwise import GroupCodes
 from ..outputs import atomic_file
+from .quiet import quiet_loggers
 
 #: ``general.file_type`` (llama.cpp's ``llama_ftype``) of a file whose weights are mostly of one block type.
 FILE_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9}
@@ -106,13 +106,8 @@ def write_gguf(path: str | os.PathLike[str], source: str | os.PathLike[str],
             _check_block_type(value)
     arch = reader.fields["general.architecture"].contents()
     path = Path(path)
-    quiet = logging.getLogger("gguf")  # its writer logs every file it writes at INFO
-    level = quiet.level
-    quiet.setLevel(max(level, logging.WARNING))
-    try:
+    with quiet_loggers("gguf"):
         _write(gguf, reader, arch, path, tensors)
-    finally:
-        quiet.setLevel(level)
     return path
 
 

@@ -10,9 +10,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from qcore.export.gather_nbits import BLOCK_DQ_OPSET
 from qcore.export.nbits import INT8_ACTIVATIONS, replace_matmuls
-from qcore.export.ortgenai import DecoderShape, name_decoder_io, write_genai_folder
-from qcore.export.paddle2onnx_float import float_onnx
+from qcore.export.openvino_genai import write_openvino_genai_folder
+from qcore.export.ortgenai import MODEL_FILE, DecoderShape, name_decoder_io, write_genai_folder
+from qcore.export.paddle2onnx_float import OPSET, float_onnx
 from qcore.model_io import find_model_files
 
 from ..weight_only.plan import WeightOnlyResult
@@ -25,10 +27,12 @@ GENAI_TYPES = {Gemma3Config: "gemma3_text"}
 
 def decoder_onnx(model: Any, result: WeightOnlyResult, runtime: str = "onnxruntime",
                  accuracy_level: int = INT8_ACTIVATIONS) -> Any:
-    """The ONNX decode step of ``model`` (quantized in place, ``grid="int"``) with ``result``'s codes."""
+    """The ONNX decode step of ``model`` (quantized in place, ``grid="int"``) with ``result``'s codes, the
+    quantized table in ``runtime``'s form (the OpenVINO runtime's needs opset 21)."""
+    opset = BLOCK_DQ_OPSET if runtime == "openvino-runtime" else OPSET
     with tempfile.TemporaryDirectory(prefix="qptq-llm-") as tmp:
         export(model, tmp)
-        onnx_model = float_onnx(find_model_files(Path(tmp) / "decode"))
+        onnx_model = float_onnx(find_model_files(Path(tmp) / "decode"), opset)
     replace_matmuls(onnx_model, result.codes, result.input_scales, accuracy_level, runtime)
     name_decoder_io(onnx_model, model.cfg.num_layers)
     return onnx_model
@@ -68,3 +72,17 @@ def save_ortgenai(model: Any, result: WeightOnlyResult, tokenizer: Any, metadata
     text, config = tokenizer_files(tokenizer, metadata)
     return write_genai_folder(out, decoder_onnx(model, result), decoder_shape(model, metadata), text, config,
                               threads)
+
+
+def save_openvino_genai(model: Any, result: WeightOnlyResult, tokenizer: Any, metadata: dict[str, Any],
+                        out: str | os.PathLike[str]) -> Path:
+    """Write the OpenVINO GenAI folder ``out`` of ``model`` (quantized in place, ``grid="int"``): the stateful IR
+    of its ONNX decode step (the table in the OpenVINO runtime's form) and the tokenizer IRs."""
+    import onnx
+
+    text, config = tokenizer_files(tokenizer, metadata)
+    with tempfile.TemporaryDirectory(prefix="qptq-ovgenai-") as tmp:
+        path = Path(tmp) / MODEL_FILE
+        onnx.save(decoder_onnx(model, result, "openvino-runtime"), str(path), save_as_external_data=True,
+                  location=MODEL_FILE + ".data")
+        return write_openvino_genai_folder(out, path, decoder_shape(model, metadata), text, config)

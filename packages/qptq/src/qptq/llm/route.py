@@ -9,6 +9,9 @@ array or windows) or plain text, cut into windows with the file's own tokenizer.
   ``group_size=32``), metadata and tokenizer from the source. Verified by reading the written file back with the
   ``gguf`` package and comparing every tensor with the simulation (bit-exact), and, where ``llama-cpp-python`` is
   installed, llama.cpp's logits against the simulation's on a calibration window.
+* ``"openvino-genai"``: an OpenVINO GenAI folder (:mod:`qcore.export.openvino_genai`): the stateful IR (the KV
+  cache as state) and the tokenizer IRs. Verified by the IR's logits in the OpenVINO runtime (its default
+  precision: bf16 where the CPU has it) against the simulation's.
 * ``"onnxruntime-genai"``: an ONNX Runtime GenAI folder (:mod:`.onnx_export`): ``MatMulNBits`` on the ``"int"``
   grids, ``genai_config.json``, the tokenizer. Verified by the logits of ``onnxruntime_genai`` (where installed,
   else ONNX Runtime's session on the same file) against the simulation's on a calibration window.
@@ -36,7 +39,7 @@ from ..weight_only.plan import WeightOnlyResult
 from . import gemma3, llama
 
 #: Formats :func:`quantize_llm` writes: the suffix the output must have ("" for a folder) and the grid family.
-LLM_FORMATS = {"gguf": (".gguf", "gguf"), "onnxruntime-genai": ("", "int")}
+LLM_FORMATS = {"gguf": (".gguf", "gguf"), "onnxruntime-genai": ("", "int"), "openvino-genai": ("", "int")}
 #: The least share of positions whose top token the runtime and the simulation must agree on.
 MIN_AGREEMENT = 0.9
 #: Tokens per calibration window cut from text, and the most windows taken.
@@ -162,10 +165,12 @@ def quantize_llm(source: str | os.PathLike[str], out: str | os.PathLike[str], co
         size = written.stat().st_size
     else:
         from .gguf_weights import read_metadata
-        from .onnx_export import save_ortgenai
+        from .onnx_export import save_openvino_genai, save_ortgenai
 
-        written = save_ortgenai(model, result, tokenizer, read_metadata(source), out)
-        verified = verify_ortgenai(written, model, window)
+        save, verify = ((save_ortgenai, verify_ortgenai) if format == "onnxruntime-genai"
+                        else (save_openvino_genai, verify_openvino_genai))
+        written = save(model, result, tokenizer, read_metadata(source), out)
+        verified = verify(written, model, window)
         size = sum(p.stat().st_size for p in written.iterdir() if p.is_file())
     return LlmReport(written, format, arch, size, float_bytes, result, verified)
 
@@ -217,6 +222,23 @@ def verify_ortgenai(folder: Path, model: Any, window: np.ndarray | None) -> dict
         feed = {i.name: empty for i in session.get_inputs() if i.name != "input_ids"}
         theirs, runner = session.run(["logits"], {"input_ids": ids, **feed})[0][0], "onnxruntime (session)"
     return {runner: agreement(theirs, model, ids)}
+
+
+def verify_openvino_genai(folder: Path, model: Any, window: np.ndarray | None) -> dict[str, Any]:
+    """The logits of ``window`` (default: 32 fixed ids) from the folder's stateful IR in the OpenVINO runtime
+    (fed as ``LLMPipeline`` feeds it: mask, positions, ``beam_idx``) against ``model``'s."""
+    import openvino as ov
+
+    from qcore.export.openvino_genai import MODEL_XML
+
+    ids = window[:, :64] if window is not None else np.arange(3, 35, dtype=np.int64)[None]
+    request = ov.Core().compile_model(str(folder / MODEL_XML), "CPU").create_infer_request()
+    request.reset_state()
+    length = ids.shape[1]
+    feed = {"input_ids": ids, "attention_mask": np.ones((1, length), np.int64),
+            "position_ids": np.arange(length, dtype=np.int64)[None], "beam_idx": np.zeros(1, np.int32)}
+    theirs = request.infer(feed)["logits"][0]
+    return {"openvino (stateful IR)": agreement(np.asarray(theirs, np.float32), model, ids)}
 
 
 def agreement(theirs: np.ndarray, model: Any, ids: np.ndarray) -> dict[str, float]:
