@@ -17,6 +17,7 @@ from qcore.deploy.onnx_runtimes import ONNX_FILE
 from qcore.graph import open_graph
 from qcore.inference import create_predictor, predict, run_predictor
 from qcore.model_io import find_model_files, load_model
+from qdemo.testing import save_tiny_net
 from qptq import quant_post_static
 
 F = paddle.nn.functional
@@ -69,12 +70,8 @@ def stack(request, tmp_path_factory):
         bn._mean.set_value(rng.normal(0, 0.3, channels).astype("float32"))
         bn._variance.set_value(rng.uniform(0.2, 4.0, channels).astype("float32"))
     net.eval()
-    spec = [paddle.static.InputSpec([None, 3, 8, 8], "float32", "x")]
-    if request.param == "pir":
-        paddle.jit.save(net, str(directory / "float" / "inference"), input_spec=spec)
-    else:
-        with paddle.pir_utils.DygraphOldIrGuard():
-            paddle.jit.save(net, str(directory / "float" / "inference"), input_spec=spec)
+    save_tiny_net(net, directory / "float", "pir" if request.param == "pir" else "legacy_pdmodel",
+                  [paddle.static.InputSpec([None, 3, 8, 8], "float32", "x")])  # paddle.jit.save
     assert load_model(directory / "float").family == request.param
     return directory, net, rng.standard_normal((16, 3, 8, 8)).astype("float32"), request.param
 
