@@ -96,7 +96,7 @@ class TargetConfig:
     skip_patterns: tuple[str, ...]
     skip_tensors: frozenset[str]
     residual_add: bool  # quantize residual joins' inputs with their readers (oneDNN's fused adds)
-    optimize_model: bool  # fold batch norms into convolutions first
+    optimize_model: bool  # legacy conv biases in the form oneDNN fuses (batch norms are folded either way)
     grids: str  # "symmetric", "asymmetric" or "unsigned" (asymmetric for never-negative tensors)
 
     @classmethod

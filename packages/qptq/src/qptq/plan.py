@@ -2,7 +2,7 @@
 
 The stages of :class:`~qptq.static.PostTrainingQuantization`, each a plain function:
 
-1. graph preparation (``optimize_model``'s batch-norm folding; ``auto``'s activation smoothing,
+1. graph preparation (batch norms folded into their convs, always; ``auto``'s activation smoothing,
    :func:`qptq.smooth.smooth_graph`) and the targets (:meth:`qptq.config.TargetConfig.targets`);
 2. calibration (:func:`qptq.sharded.calibrate_sharded`);
 3. :func:`choose`: every algo's threshold per activation, ``auto``'s choices -> a :class:`Plan`;

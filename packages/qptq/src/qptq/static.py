@@ -3,6 +3,14 @@
 ``PostTrainingQuantization`` follows PaddleSlim's class; ``quant_post_static`` (alias
 ``quant_post``) is the one-call form with the seeds' signature. A run is plain stages over a
 :class:`~qptq.plan.Plan` (:mod:`qptq.plan` lists them); this module only orders them.
+
+Every batch norm that directly follows a conv is folded into it (:meth:`qcore.graph.Graph.fold_conv_bn`)
+before anything is calibrated, for every target and whatever ``optimize_model`` says, so the weight scales
+are the folded weight's and the simulated model is what a runtime runs. Left in, a batch norm behind a
+quantized conv runs in float between a dequantize and a quantize (ONNX Runtime cannot fold it into a conv
+whose weight it reads through ``DequantizeLinear``), and folding it only at export cannot move the conv's
+output quantization behind it. ``optimize_model=True`` also writes every legacy conv bias in the form
+Paddle Inference's oneDNN passes fuse (:meth:`~qcore.graph.Graph.fold_conv_bn`'s ``fusable_biases``).
 """
 
 from __future__ import annotations
@@ -56,7 +64,8 @@ class PostTrainingQuantization:
     Differences from PaddleSlim: ``executor``/``scope`` are optional (each loaded model has
     its own scope on the CPU; a ``scope`` is warned about); statistics stream, so
     ``is_use_cache_file`` only checkpoints observer state to ``cache_dir`` (a JSON file,
-    removed afterwards) instead of samples. The keywords become one validated
+    removed afterwards) instead of samples. Batch norms after convs are folded before calibration
+    whatever ``optimize_model`` says (module doc). The keywords become one validated
     :class:`~qptq.config.PTQConfig` of groups (:attr:`config`: ``config.calibration.algo``,
     ``config.target.op_types``, ...); :meth:`from_config` starts from a built one.
     """
@@ -142,8 +151,7 @@ class PostTrainingQuantization:
         config, model = self.config, self.model
         target, how, deployment = config.target, config.calibration, config.target.deployment  # how: to calibrate
         graph = open_graph(model)
-        if target.optimize_model:
-            graph.fold_conv_bn()
+        graph.fold_conv_bn(fusable_biases=target.optimize_model)  # always (module doc)
         targets = target.targets(graph)
         smoothing = smooth_graph(graph, targets.ops, config, model, LAYERWISE_SAMPLES) if how.algo == AUTO else []
         if any(choice.factors is not None for choice in smoothing):

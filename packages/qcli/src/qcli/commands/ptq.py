@@ -98,7 +98,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     static.add_argument("--activation-bits", type=int, default=8)
     static.add_argument("--weight-quantize-type", default="channel_wise_abs_max")
     static.add_argument("--hist-percent", type=float, default=0.99999)
-    static.add_argument("--no-fold-bn", action="store_true", help="keep batch_norm (optimize_model=False)")
+    static.add_argument("--no-fold-bn", action="store_true",
+                        help="optimize_model=False: legacy conv biases kept as Paddle wrote them (batch norms are "
+                             "folded into the convs anyway)")
     static.add_argument("--bias-correction", action="store_true", help="correct the mean shift int8 weights cause")
     static.add_argument("--skip-pattern", nargs="+", default=["skip_quant"], help="name scopes left in float")
     static.add_argument("--max-output-error", type=float, default=None,

@@ -58,8 +58,8 @@ def _output_channels(conv: onnx.NodeProto, weight: np.ndarray | None) -> int | N
 
 def biases_into_convs(model: onnx.ModelProto) -> int:
     """Move every constant per-channel ``Add`` that alone reads a ``Conv``'s or ``ConvTranspose``'s output into
-    that conv's bias;
-    returns how many. Same values (up to float rounding of the sum with an existing bias)."""
+    that conv's bias, and drop the constants (and the reshapes of them) nothing reads then; returns how many. Same
+    values (up to float rounding of the sum with an existing bias)."""
     from onnx import numpy_helper
 
     graph = model.graph
@@ -93,4 +93,6 @@ def biases_into_convs(model: onnx.ModelProto) -> int:
         removed.append(add)
     for node in removed:
         graph.node.remove(node)
+    if removed:
+        links.prune(model)  # the folded bias parameters, e.g. ``*.bn_folded_bias``, were left unread
     return len(removed)

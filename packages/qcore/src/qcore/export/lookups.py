@@ -255,23 +255,7 @@ def write_lookups(model: Any, runtime: str = "onnxruntime", padded: Mapping[str,
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     model.graph.initializer.extend(inits)
-    _prune(model)
+    links.prune(model)
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return done
-
-
-def _prune(model: Any) -> None:
-    """Remove the nodes nothing reads any more (the old sequences) and the initializers no node reads."""
-    graph = model.graph
-    outputs = {o.name for o in graph.output}
-    while True:
-        read = outputs | {i for n in graph.node for i in n.input}
-        dead = [n for n in graph.node if not any(o in read for o in n.output)]
-        if not dead:
-            break
-        for n in dead:
-            graph.node.remove(n)
-    read = outputs | {i for n in graph.node for i in n.input}
-    for init in [i for i in graph.initializer if i.name not in read]:
-        graph.initializer.remove(init)

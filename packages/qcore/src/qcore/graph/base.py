@@ -593,11 +593,12 @@ class Graph(ABC):
         own QAT ``convert`` saves, which Paddle Inference's oneDNN int8 path runs wrongly); returns how many."""
         raise GraphError(f"{self.family} programs: weight codes are stored by the exporter; nothing to convert")
 
-    def fold_conv_bn(self) -> int:
+    def fold_conv_bn(self, *, fusable_biases: bool = True) -> int:
         """Fold every inference batch_norm that directly follows a conv into the conv.
 
-        Returns how many were folded. The conv gets a new scaled filter and bias parameter. Then
-        every conv bias gets the form the backend's inference passes fuse (:meth:`_fusable_conv_biases`).
+        Returns how many were folded. The conv gets a new scaled filter and bias parameter. Then, with
+        ``fusable_biases``, every conv bias gets the form the backend's inference passes fuse
+        (:meth:`_fusable_conv_biases`).
         """
         folded = 0
         with self._editing():
@@ -608,7 +609,8 @@ class Graph(ABC):
                 conv, bias_operand = match
                 self._fold_one(conv, bias_operand, bn)
                 folded += 1
-            self._fusable_conv_biases()
+            if fusable_biases:
+                self._fusable_conv_biases()
         return folded
 
     @abstractmethod
