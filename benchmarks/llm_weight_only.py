@@ -47,6 +47,7 @@ from decoders.text import calibration_text, evaluation_text, token_windows  # no
 from qcore.deploy.host import describe_cpu  # noqa: E402
 from qcore.export.gather_nbits import BLOCK_DQ_OPSET  # noqa: E402
 from qcore.export.nbits import FLOAT_ACTIVATIONS, INT8_ACTIVATIONS, replace_matmuls  # noqa: E402
+from qcore.export.openvino_genai import write_openvino_genai_folder  # noqa: E402
 from qcore.export.ortgenai import name_decoder_io, write_genai_folder  # noqa: E402
 from qcore.export.paddle2onnx_float import float_onnx  # noqa: E402
 from qcore.model_io import find_model_files  # noqa: E402
@@ -107,8 +108,10 @@ def save(model: onnx.ModelProto, path: Path) -> Path:
 
 
 def file_mb(path: Path) -> float:
-    """MB of a model file and its weights beside it (``model.onnx.data``, OpenVINO's ``model.bin``)."""
-    return sum(p.stat().st_size for p in path.parent.glob(path.stem + ".*") if p.is_file()) / 1e6
+    """MB of a model file and its weights beside it (``model.onnx.data``, OpenVINO's ``model.bin``), or of every
+    file of a model folder (GenAI's: the tokenizer files included)."""
+    files = path.iterdir() if path.is_dir() else path.parent.glob(path.stem + ".*")
+    return sum(p.stat().st_size for p in files if p.is_file()) / 1e6
 
 
 class Runner:
@@ -224,8 +227,47 @@ class GenAIRunner:
         return tokens
 
 
+class OpenVINOGenAIRunner:
+    """An OpenVINO GenAI folder as its users run it: ``LLMPipeline`` (greedy, its state-held KV cache; 2 threads,
+    its default precision: bf16 where the CPU has it) for generation and timings; the folder's stateful IR, fed
+    as the pipeline feeds it, for the logits perplexity needs (the pipeline does not return them)."""
+
+    def __init__(self, folder: Path) -> None:
+        import openvino as ov
+        import openvino_genai as ovg
+
+        self.ov, self.ovg = ov, ovg
+        self.pipe = ovg.LLMPipeline(str(folder), "CPU", INFERENCE_NUM_THREADS=THREADS)
+        compiled = ov.Core().compile_model(str(folder / "openvino_model.xml"), "CPU",
+                                           {"INFERENCE_NUM_THREADS": THREADS})
+        self.request = compiled.create_infer_request()
+
+    def prefill(self, ids: np.ndarray) -> list[np.ndarray]:
+        self.request.reset_state()
+        length = ids.shape[1]
+        out = self.request.infer({"input_ids": ids, "attention_mask": np.ones((1, length), np.int64),
+                                  "position_ids": np.arange(length, dtype=np.int64)[None],
+                                  "beam_idx": np.zeros(1, np.int32)})
+        return [np.asarray(out["logits"])]
+
+    def _generate(self, ids: list[int], new_tokens: int) -> Any:
+        config = self.ovg.GenerationConfig()
+        config.max_new_tokens, config.ignore_eos = new_tokens, False
+        tokens = self.ov.Tensor(np.array([ids], np.int64))
+        mask = self.ov.Tensor(np.ones((1, len(ids)), np.int64))
+        return self.pipe.generate(self.ovg.TokenizedInputs(tokens, mask), config)
+
+    def time_prefill(self, ids: np.ndarray) -> None:
+        self._generate([int(i) for i in ids[0]], 1)
+
+    def greedy(self, prompt: list[int], new_tokens: int) -> list[int]:
+        return [int(t) for t in self._generate(prompt, new_tokens).tokens[0]]
+
+
 def make_runner(runtime: str, path: Path, empty: dict[str, np.ndarray], precision: str | None = None
-                ) -> Runner | LlamaCppRunner | GenAIRunner:
+                ) -> Runner | LlamaCppRunner | GenAIRunner | OpenVINOGenAIRunner:
+    if runtime == "openvino-genai":
+        return OpenVINOGenAIRunner(path)
     if runtime == "llama.cpp":
         return LlamaCppRunner(path, 2 * WINDOW + 256)
     if runtime == "onnxruntime-genai":
@@ -233,7 +275,7 @@ def make_runner(runtime: str, path: Path, empty: dict[str, np.ndarray], precisio
     return Runner(runtime, path, empty, precision)
 
 
-def perplexity(runner: Runner | LlamaCppRunner | GenAIRunner, windows: np.ndarray) -> float:
+def perplexity(runner: Runner | LlamaCppRunner | GenAIRunner | OpenVINOGenAIRunner, windows: np.ndarray) -> float:
     nll, count = 0.0, 0
     for window in windows:
         logits = runner.prefill(window[None])[0][0, :-1].astype(np.float64)
@@ -309,9 +351,14 @@ def build_ours(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
     name_decoder_io(genai, fresh.cfg.num_layers)
     source = MODELS[bench.args.model][2]()
     text, tokenizer_config = tokenizer_files(bench.tokenizer, read_metadata(source))
-    paths["onnxruntime-genai"] = write_genai_folder(bench.work / name / "genai", genai,
-                                                    decoder_shape(fresh, read_metadata(source)), text,
+    shape = decoder_shape(fresh, read_metadata(source))
+    paths["onnxruntime-genai"] = write_genai_folder(bench.work / name / "genai", genai, shape, text,
                                                     tokenizer_config, THREADS)
+    ov_form = copy.deepcopy(onnx.load(str(paths["openvino"])))  # the table in the OpenVINO runtime's form
+    name_decoder_io(ov_form, fresh.cfg.num_layers)
+    ov_onnx = save(ov_form, bench.work / name / "openvino-genai-src" / "model.onnx")
+    paths["openvino-genai"] = write_openvino_genai_folder(bench.work / name / "openvino-genai", ov_onnx, shape,
+                                                          text, tokenizer_config)
     if config.embedding_bits:  # the table in the form the OpenVINO runtime keeps compressed (opset 21)
         ov_model = bench.float_model_at(BLOCK_DQ_OPSET)
         replace_matmuls(ov_model, codes, input_scales, INT8_ACTIVATIONS, "openvino-runtime")
@@ -542,7 +589,7 @@ def main() -> None:
         return
     pairs = [(name, runtime, precision) for name in files
              for runtime, precision in RUNTIMES.get(name, [("onnxruntime", None), ("onnxruntime-genai", None),
-                                                           ("openvino", None)])
+                                                           ("openvino", None), ("openvino-genai", None)])
              if runtime in files[name][0]]
     long_prompt = np.asarray(bench.windows[:1])
 
