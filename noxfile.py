@@ -43,8 +43,10 @@ PYTEST = ("pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWa
 WITH_ONNX = {"qcore", "qptq", "qqat", "qembed", "qcli"}
 
 
-def _install_local(session: nox.Session, *names: str, onnx: bool = False) -> None:
-    extras = {"qcore": "[onnx]" if onnx else "", "qptq": "[llm]"}  # qptq's LLM tests read and write GGUF
+def _install_local(session: nox.Session, *names: str, onnx: bool = False, genai: bool = False) -> None:
+    # qptq's LLM tests read and write GGUF; qcli's also write OpenVINO GenAI folders
+    qcore = ",".join(e for e, wanted in (("onnx", onnx), ("openvino-genai", genai)) if wanted)
+    extras = {"qcore": f"[{qcore}]" if qcore else "", "qptq": "[llm]"}
     args = [f"packages/{n}{extras.get(n, '')}" for n in names]
     session.install("pytest", "hypothesis", *args)
 
@@ -52,7 +54,7 @@ def _install_local(session: nox.Session, *names: str, onnx: bool = False) -> Non
 def _package_session(name: str) -> None:
     @nox.session(name=name)
     def run(session: nox.Session) -> None:
-        _install_local(session, *LOCAL_DEPS[name], name, onnx=name in WITH_ONNX)
+        _install_local(session, *LOCAL_DEPS[name], name, onnx=name in WITH_ONNX, genai=name == "qcli")
         session.run(*PYTEST, f"packages/{name}/tests", *session.posargs)
 
     run.__doc__ = f"Tests of {name} with only {name} and its declared dependencies installed."

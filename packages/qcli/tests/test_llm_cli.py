@@ -87,3 +87,25 @@ def test_one_command_writes_an_onnxruntime_genai_folder(checkpoint, tmp_path, ca
     # int8 activations per block (MatMulNBits accuracy level 4) against the float simulation: close, same tokens
     assert check["top1_agreement"] >= 0.9 and check["max_abs_diff_over_std"] < 0.5
     assert "an ONNX Runtime GenAI folder" in printed
+
+
+def test_one_command_writes_an_openvino_genai_folder_the_pipeline_runs(checkpoint, tmp_path, capsys):
+    pytest.importorskip("openvino_tokenizers")
+    ovg = pytest.importorskip("openvino_genai")
+    source, ids = checkpoint
+    out = tmp_path / "ov"
+    code = main(["ptq", "dynamic", str(source), str(out), "--format", "openvino-genai", "--bits", "4",
+                 "--group-size", "32", "--algo", "gptq", "--embedding-bits", "8", "--data", str(ids)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert {"openvino_model.xml", "openvino_model.bin", "openvino_tokenizer.xml", "openvino_detokenizer.xml",
+            "generation_config.json"} <= {p.name for p in out.iterdir()}
+    report = json.loads((tmp_path / "ov.report.json").read_text())
+    check = report["verified"]["openvino (stateful IR)"]
+    assert check["top1_agreement"] >= 0.9 and check["max_abs_diff_over_std"] < 0.5
+    # the pipeline runs it with no code of ours: the cache is state, the tokenizer is the folder's
+    config = ovg.GenerationConfig()
+    config.max_new_tokens, config.ignore_eos = 8, True
+    result = ovg.LLMPipeline(str(out), "CPU").generate(["w1 w2 w3"], config)
+    assert len(result.texts) == 1 and result.texts[0]
+    assert "an OpenVINO GenAI folder" in printed
