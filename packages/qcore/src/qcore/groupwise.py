@@ -109,8 +109,13 @@ def group_count(k: int, group_size: int) -> int:
     return k // group_size
 
 
+def family_bits(family: str) -> tuple[int, ...]:
+    """The code widths the grids of ``family`` have."""
+    return GROUP_BITS if family == "int" else tuple(sorted({b for b, _ in GGUF_GRIDS}))
+
+
 def check_bits(bits: int, family: str = "int") -> int:
-    allowed = GROUP_BITS if family == "int" else tuple(sorted({b for b, _ in GGUF_GRIDS}))
+    allowed = family_bits(family)
     if bits not in allowed:
         raise ConfigError(f"weight_bits={bits!r} is not supported for weight-only groups; use one of {allowed}")
     return bits

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from qcore.config import validate_choice
 from qcore.errors import ConfigError
-from qcore.groupwise import GRID_FAMILIES, check_bits, check_group, grid_of, group_count
+from qcore.groupwise import GRID_FAMILIES, check_bits, check_group, family_bits, grid_of, group_count
 
 ALGOS = ("rtn", "gptq")
 #: What a linear whose width ``group_size`` does not divide gets (NNCF's names): a one-line error, the largest
@@ -52,11 +52,10 @@ class WeightOnlyConfig:
     def __post_init__(self) -> None:
         validate_choice("grid", self.grid, GRID_FAMILIES)
         check_bits(self.bits, self.grid)
-        if self.embedding_bits is not None:
-            try:
-                check_bits(self.embedding_bits, self.grid)
-            except ConfigError as exc:
-                raise ConfigError(f"embedding_bits: {exc}, or None to keep embedding tables float") from None
+        allowed = family_bits(self.grid)
+        if self.embedding_bits is not None and self.embedding_bits not in allowed:
+            raise ConfigError(f"embedding_bits={self.embedding_bits!r} is not supported; use one of {allowed}, "
+                              "or None to keep embedding tables float")
         if self.grid == "gguf":
             check_group(grid_of(self.bits, self.symmetric, self.grid), self.group_size)
             if self.awq:
