@@ -34,14 +34,20 @@ def test_demo_prints_before_after_table(tmp_path, capfd):
 REPO = Path(__file__).resolve().parents[3]
 
 
-def test_missing_method_package_names_the_install_command(monkeypatch):
-    monkeypatch.setattr(plugins, "installed", lambda package: False)
-    with pytest.raises(SystemExit) as exit_info:
-        plugins.require("demo")
-    assert str(exit_info.value) == (
-        "qcli demo: 'qptq' and 'qdemo' are not installed; install with 'pip install paddle-quant-ptq "
-        "paddle-quant-demo' (from a clone of the repository: 'pip install packages/qptq packages/qdemo')"
+def test_missing_method_package_names_the_install_commands_and_exits_with_the_documented_status(monkeypatch, capsys):
+    """Before publication a bare ``pip install paddle-quant-demo`` finds nothing: the line gives the clone's path
+    and the wheels' --find-links form (test_install_lines checks both against the pyprojects), and the exit
+    status is docs/safety.md's 9, not Python's 1."""
+    monkeypatch.setattr(plugins, "installed", lambda package: package not in ("qptq", "qdemo"))
+    assert main(["demo"]) == 9
+    assert capsys.readouterr().err == (
+        "qcli demo: error: 'qptq' and 'qdemo' are not installed (none of this toolkit's packages is on PyPI yet); "
+        "from a clone of the repository: pip install packages/qptq packages/qdemo; from the wheels python3 -m nox "
+        "-s build writes: pip install --find-links dist paddle-quant-ptq paddle-quant-demo\n"
     )
+    monkeypatch.setattr(plugins, "installed", lambda package: package != "qdemo")
+    assert main(["demo"]) == 9
+    assert "'qdemo' is not installed" in capsys.readouterr().err
 
 
 def test_install_hints_name_each_packages_own_distribution():
