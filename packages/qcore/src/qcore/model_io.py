@@ -27,7 +27,7 @@ from .diagnose import is_legacy_program, load_problem, truncation
 from .errors import ModelFormatError, OutputError
 from .model_files import ModelFiles
 from .outputs import check_file_name, check_output_dir, repair, staged_output
-from .paddle_env import FAMILIES, Family, cpu_executor, static_mode
+from .paddle_env import FAMILIES, Family, cpu_executor, load_notice_hidden, static_mode
 from .zero_points import fold_shifts, unfold_zero_points
 
 PARAMS_SUFFIX = ".pdiparams"
@@ -197,7 +197,7 @@ def load_model(
     register_custom_ops(files.model_file)
     scope = paddle.static.Scope()
     exe = cpu_executor()
-    with static_mode(files.family, scope):
+    with static_mode(files.family, scope), load_notice_hidden():
         try:
             program, feed_names, fetch_targets = paddle.static.load_inference_model(
                 str(files.directory),
