@@ -138,7 +138,8 @@ def test_help_imports_neither_paddle_nor_the_method_packages():
 
 
 def test_paddles_noise_shows_only_with_verbose(tmp_path):
-    """Paddle's deprecation lines and ccache warning, and the budget's per-candidate 'left in float' lines."""
+    """Paddle's log lines and the budget's per-candidate 'left in float' lines show only with --verbose; its
+    "old way to load" line and ccache warning (about how qcore calls Paddle) not even then (docs/cli.md)."""
     model = str(demo_model_dir("legacy"))
     np.save(tmp_path / "calib.npy", load_demo_data("calib")[0][:20])
     script = "import sys\nfrom qcli.main import main\ncode = main(sys.argv[1:])\nprint('matplotlib' in sys.modules)\n" \
@@ -152,7 +153,9 @@ def test_paddles_noise_shows_only_with_verbose(tmp_path):
     assert not [n for n in noise if n in result.stderr], result.stderr
     verbose = subprocess.run([sys.executable, "-c", script, "--verbose", "ptq", "dynamic", model,
                               str(tmp_path / "w8")], capture_output=True, text=True, timeout=600)
-    assert verbose.returncode == 0 and "old way to load" in verbose.stderr, verbose.stderr
+    paddles_own = ("New Executor is Running", "---    quantized")  # its C++ log, its passes' lines
+    assert verbose.returncode == 0 and any(line in verbose.stderr for line in paddles_own), verbose.stderr
+    assert "old way to load" not in verbose.stderr and "ccache" not in verbose.stderr, verbose.stderr
 
 
 def _tree(root: Path) -> dict[str, bytes]:
