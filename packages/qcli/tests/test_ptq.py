@@ -408,3 +408,29 @@ def test_dynamic_int4_with_the_tied_embedding_table_int8(tmp_path, capsys):
 def test_dynamic_calibration_data_without_groups_is_one_line(tmp_path, capsys):
     assert main(["ptq", "dynamic", str(demo_model_dir("pir")), str(tmp_path / "o"), "--data", "x.npy"]) == 3
     assert "--data calibrates group-wise weights only" in capsys.readouterr().err
+
+
+def test_an_onnx_model_is_named_before_any_work(tmp_path, capsys):
+    """`qcli ptq dynamic m/inference.onnx out/` answered "Paddle could not load ... (list index out of range)":
+    an ONNX file (by suffix, or by its first bytes under another name), a folder holding only one, or the prefix
+    of one is one line naming it and what takes ONNX input, exit status 4, nothing written."""
+    onnx = pytest.importorskip("onnx")
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "g",
+                                   [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])])
+    data = onnx.helper.make_model(graph).SerializeToString()
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "inference.onnx").write_bytes(data)
+    (tmp_path / "renamed.bin").write_bytes(data)
+    np.save(tmp_path / "calib.npy", np.zeros((4, 1, 4), np.float32))
+    cases = {"m/inference.onnx": "m/inference.onnx is an ONNX model", "m": "no Paddle model in",
+             "m/inference": "m/inference.onnx is an ONNX model", "renamed.bin": "renamed.bin is an ONNX model"}
+    for model, named in cases.items():
+        for method in ("dynamic", "static"):
+            argv = ["ptq", method, str(tmp_path / model), str(tmp_path / "out")]
+            assert main(argv + (["--data", str(tmp_path / "calib.npy")] if method == "static" else [])) == 4
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and named in err and "onnxruntime.quantization" in err, err
+            assert "this toolkit quantizes Paddle inference models" in err and "Paddle could not load" not in err
+    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.npy", "m", "renamed.bin"]

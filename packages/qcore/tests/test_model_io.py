@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from qcore.diagnose import is_legacy_program
+from qcore.diagnose import is_legacy_program, is_onnx_file
 from qcore.errors import ModelFormatError, OutputError
 from qcore.inference import predict
 from qcore.model_io import find_model_files, load_model, save_model
@@ -120,6 +120,22 @@ def test_bad_paths_give_one_line_errors(tmp_path):
         (tmp_path / "two" / n).write_text("{}")
     with pytest.raises(ModelFormatError, match="several"):
         load_model(tmp_path / "two")
+
+
+def test_onnx_files_are_told_apart_from_paddle_programs(tiny_model, tmp_path):
+    """By suffix or by ModelProto's first bytes (ir_version, then another field); no Paddle program file of any
+    format starts that way, so every one still loads."""
+    directory, kwargs, _ = tiny_model
+    files = find_model_files(directory, kwargs["model_filename"], kwargs["params_filename"])
+    assert not is_onnx_file(files.model_file)
+    for head in (b"\x08\x07\x3a\x04", b"\x08\x08\x12\x05paddle", b"\x08\x0a\x42\x02"):
+        (tmp_path / "model.bin").write_bytes(head + bytes(8))
+        assert is_onnx_file(tmp_path / "model.bin"), head
+        with pytest.raises(ModelFormatError, match="model.bin is an ONNX model: this toolkit quantizes Paddle"):
+            find_model_files(tmp_path / "model.bin")
+    for head in (b"\x0a\x10", b"{", b"\x08\x07\x99"):
+        (tmp_path / "model.bin").write_bytes(head + bytes(8))
+        assert not is_onnx_file(tmp_path / "model.bin"), head
 
 
 @pytest.fixture(scope="module")

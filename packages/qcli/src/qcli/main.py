@@ -35,6 +35,7 @@ EXIT_CODES = {
     "OutputError": 6,  # the output cannot be written safely
     "PermissionError": 6,
     "QuantError": 7,  # any other error of the toolkit (e.g. a graph rewrite that cannot apply)
+    "MissingPackageError": 9,  # the subcommand's package is not installed (qcli.plugins)
 }
 #: Exit status after Ctrl-C (what a shell reports for a process SIGINT ended), with :data:`INTERRUPTED_LINE`.
 INTERRUPTED = 130

@@ -167,6 +167,35 @@ def is_legacy_program(path: Path) -> bool:
         return False
 
 
+#: Tags of the ModelProto fields an ONNX file has after ``ir_version`` (field 1, a varint, written first):
+#: producer_name .. opset_import, metadata_props, training_info, functions. A Paddle program starts otherwise:
+#: ``0x0a`` (ProgramDesc's field 1, its blocks) or ``{`` (PIR's JSON).
+_ONNX_TAGS = frozenset({0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42, 0x72, 0xA2, 0xCA})
+
+
+def is_onnx_file(path: Path) -> bool:
+    """Whether ``path`` is an ONNX model: its suffix, or its first bytes (``ir_version``, then another field)."""
+    if path.suffix.lower() == ".onnx":
+        return True
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if head[:1] != b"\x08":
+        return False
+    try:
+        _, pos = _varint(head, 1)
+    except ValueError:
+        return False
+    return pos < len(head) and head[pos] in _ONNX_TAGS
+
+
+def onnx_input(path: Path) -> str:
+    """The one line for an ONNX file given where a Paddle model is expected."""
+    return (f"{path} is an ONNX model: this toolkit quantizes Paddle inference models (.json / .pdmodel) and "
+            "writes ONNX files from them (qcli export onnx, the ONNX deployment targets); give the Paddle model it "
+            "was exported from, or quantize the ONNX file with onnxruntime.quantization (quantize_static / "
+            "quantize_dynamic)")
+
+
 _COPY_AGAIN = "copy the params file again from where the model was saved"
 _OTHER_MODEL = "use the params file saved with the program"
 

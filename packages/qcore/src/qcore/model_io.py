@@ -23,11 +23,11 @@ import numpy as np
 import paddle
 
 from .custom_ops import register_custom_ops
-from .diagnose import is_legacy_program, load_problem, truncation
+from .diagnose import is_legacy_program, is_onnx_file, load_problem, onnx_input, truncation
 from .errors import ModelFormatError, OutputError
 from .model_files import ModelFiles
 from .outputs import check_file_name, check_output_dir, repair, staged_output
-from .paddle_env import FAMILIES, Family, cpu_executor, static_mode
+from .paddle_env import FAMILIES, Family, cpu_executor, load_notice_hidden, static_mode
 from .zero_points import fold_shifts, unfold_zero_points
 
 PARAMS_SUFFIX = ".pdiparams"
@@ -101,6 +101,8 @@ def find_model_files(
     elif not path.is_dir():
         prefixed = [Path(str(path) + s) for s in (".json", ".pdmodel")]
         found = [p for p in prefixed if p.exists()]
+        if not found and Path(str(path) + ".onnx").is_file():
+            raise ModelFormatError(onnx_input(Path(str(path) + ".onnx")))
         if not found:
             raise ModelFormatError(
                 f"model not found: {path} is neither a directory, a model file nor a path prefix "
@@ -114,12 +116,17 @@ def find_model_files(
             or _only(sorted(path.glob("*.pdmodel")), "*.pdmodel model", path)
         )
         if model_file is None:
+            onnx = sorted(path.glob("*.onnx"))
+            if onnx:
+                raise ModelFormatError(f"no Paddle model in {path}; " + onnx_input(onnx[0]))
             raise ModelFormatError(
                 f"no model in {path}: expected *.json, *.pdmodel or __model__; "
                 "pass model_filename if the model file has another name"
             )
     if not model_file.is_file():
         raise ModelFormatError(f"model file not found: {model_file}; check model_dir and model_filename")
+    if model_file.stat().st_size and is_onnx_file(model_file):
+        raise ModelFormatError(onnx_input(model_file))
     if model_file.stat().st_size == 0:
         raise ModelFormatError(
             f"{model_file} is empty (0 bytes); copy the model file again from where the model was saved"
@@ -197,7 +204,7 @@ def load_model(
     register_custom_ops(files.model_file)
     scope = paddle.static.Scope()
     exe = cpu_executor()
-    with static_mode(files.family, scope):
+    with static_mode(files.family, scope), load_notice_hidden():
         try:
             program, feed_names, fetch_targets = paddle.static.load_inference_model(
                 str(files.directory),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -102,6 +103,33 @@ def onednn_kernels() -> Iterator[None]:
     finally:
         paddle.set_flags({"FLAGS_use_mkldnn": before})
 
+
+
+#: What Paddle's loaders log on every load given a directory and file names, the one call that takes every file
+#: layout (``__model__`` + one file per parameter, custom names); it is about that call, not the model.
+OLD_WAY_NOTICE = "The old way to load inference model is deprecated"
+#: The loggers ``paddle.static.load_inference_model`` logs it through (legacy and PIR).
+LOAD_LOGGERS = ("paddle.static.io", "paddle.static.pir_io")
+
+
+class _DropOldWayNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(OLD_WAY_NOTICE)
+
+
+@contextlib.contextmanager
+def load_notice_hidden() -> Iterator[None]:
+    """Drop :data:`OLD_WAY_NOTICE` from Paddle's loaders for the body (qcore's own loads), and only that line:
+    everything else those loggers say, and every error, still comes out; calls outside the body are untouched."""
+    drop = _DropOldWayNotice()
+    loggers = [logging.getLogger(name) for name in LOAD_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(drop)
 
 
 @contextlib.contextmanager

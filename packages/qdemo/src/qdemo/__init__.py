@@ -3,8 +3,9 @@
 Nothing here is needed to quantize a model: ``qcore`` and the method packages never import
 ``qdemo``. It serves ``qcli demo`` / ``qcli qat``, the benchmarks, the documentation's examples
 and every package's tests. This module reads the bundled assets; :mod:`qdemo.net` rebuilds the
-demo CNN as layers, :mod:`qdemo.qat` fine-tunes it with ``qqat`` (``pip install 'paddle-quant-demo[qat]'``),
-and :mod:`qdemo.testing` builds the tiny models the test suites save in every format.
+demo CNN as layers, :mod:`qdemo.qat` fine-tunes it with ``qqat`` (the ``qat`` extra:
+``pip install --find-links dist 'paddle-quant-demo[qat]'`` from the built wheels), and :mod:`qdemo.testing`
+builds the tiny models the test suites save in every format.
 
 The assets live in ``qdemo/assets/`` and are shipped as package data, so they are available
 from an installed ``qdemo`` as well as from a source checkout:

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import qcore  # noqa: F401  (before Paddle: qcore hides the notice importing Paddle prints)
+
 from .dygraph import QAT
 from .fake_quant import fake_quantize_ste, pact_clip
 from .infermodel import export_quant_infermodel, quant_aware_with_infermodel

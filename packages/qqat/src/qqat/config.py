@@ -1,7 +1,8 @@
 """Config validation for qqat: the seeds' dicts through :class:`qcore.config.QuantConfig`.
 
 ``quant_aware`` / ``convert`` configs may also hold the keys PaddleSlim 2.6 added to the seeds' dict
-(:data:`PADDLESLIM26_KEYS`): ``onnx_format`` (True: the QDQ form, the only one written here; False is refused),
+(:data:`PADDLESLIM26_KEYS`): ``onnx_format`` (True: the QDQ form, the only one written here; False writes it
+too and warns once per process, see :data:`ONNX_FORMAT_FALSE`),
 ``deploy_backend`` (``convert``'s target when its keyword is not given), ``quant_post_first`` and
 ``scale_trainable`` (no effect here: scales always start from 0 or ``scale_dict`` and train; a value asking
 otherwise is warned about).
@@ -20,6 +21,12 @@ log = logging.getLogger(__name__)
 #: PaddleSlim 2.6's quant_aware config keys beyond the seeds' dict, with its defaults.
 PADDLESLIM26_KEYS: Mapping[str, Any] = {"onnx_format": True, "quant_post_first": False, "scale_trainable": True,
                                         "deploy_backend": None}
+#: The one line ``onnx_format=False`` warns (once per process): what is written instead, and why.
+ONNX_FORMAT_FALSE = (
+    "config['onnx_format']=False: writing the QDQ form (quantize_linear/dequantize_linear) all the same; Paddle 2's "
+    "fake-quant form (fake_quantize_*/fake_dequantize_* ops) is not written here because OpenVINO's Paddle reader "
+    "has no converter for those ops and every deployment target here reads QDQ; pass True to drop this line")
+_warned: set[str] = set()
 
 
 def dygraph_config(config: Mapping[str, Any] | QuantConfig | None) -> QuantConfig:
@@ -40,6 +47,11 @@ def paddleslim26_settings(config: Mapping[str, Any] | QuantConfig | None) -> dic
     """The :data:`PADDLESLIM26_KEYS` of ``config`` (defaults filled in), checked; warns where one has no effect."""
     given = dict(config) if isinstance(config, Mapping) else {}
     settings = {k: given.get(k, default) for k, default in PADDLESLIM26_KEYS.items()}
+    if settings["onnx_format"] is False:  # PaddleSlim 2.6's own QAT scripts pass it
+        if "onnx_format" not in _warned:
+            _warned.add("onnx_format")
+            log.warning(ONNX_FORMAT_FALSE)
+        settings["onnx_format"] = True
     check_paddleslim_keywords(settings["onnx_format"], "round")
     for key, default in (("quant_post_first", False), ("scale_trainable", True)):
         if not isinstance(settings[key], bool):
