@@ -131,12 +131,12 @@ def test_each_install_line_names_what_exists_and_where_it_is(path, command):
 
 
 @pytest.mark.parametrize(("command", "problem"), [
-    ('"paddle-quant-ptq[onnx]"', "paddle-quant-ptq has the extras []"),  # docs/ppocr.md had it
+    ('"paddle-quant-ptq[onnx]"', "paddle-quant-ptq has the extras ['llm']"),  # docs/ppocr.md had it
     ("--find-links dist paddle-quant-ptq[onnx]", "has the extras"),
     ("paddle-quant-core", "not on PyPI yet"),
     ("qcore", "the import name"),
     ("--find-links dist paddle-quant-cor", "no such distribution"),
-    ("'packages/qptq[onnx]'", "packages/qptq has the extras []"),
+    ("'packages/qptq[onnx]'", "packages/qptq has the extras ['llm']"),
     ("packages/nope", "not a package directory"),
 ])
 def test_the_check_fails_on_what_would_not_install(command, problem):
