@@ -46,7 +46,7 @@ from .common import (
     split_past,
 )
 from .config import Gemma3Config
-from .gguf_weights import LINEARS, GGUFTensor
+from .gguf_weights import LINEARS, GGUFTensor, outer_tensors
 
 __all__ = ["Gemma3", "cache_names", "export", "generate", "gguf_tensors", "load_gguf", "perplexity",
            "state_from_gguf"]
@@ -117,9 +117,7 @@ NORMS = {"attn_norm": "input_norm", "post_attention_norm": "post_attn_norm", "ff
 def gguf_tensors(cfg: Gemma3Config) -> dict[str, GGUFTensor]:
     """Each Paddle parameter's GGUF tensor (``[out, in]`` matrices stored transposed from ``Linear``'s
     ``[in, out]``; norm weights as stored, ``1 + weight`` already)."""
-    table = {"embed_tokens.weight": GGUFTensor("token_embd.weight"), "norm.weight": GGUFTensor("output_norm.weight")}
-    if not cfg.tie_embeddings:
-        table["lm_head.weight"] = GGUFTensor("output.weight", transposed=True)
+    table = outer_tensors(cfg)
     for i in range(cfg.num_layers):
         for src, dst in LINEARS.items():
             table[f"layers.{i}.{dst}.weight"] = GGUFTensor(f"blk.{i}.{src}.weight", transposed=True)

@@ -114,6 +114,14 @@ def read_gguf(path: str | Path) -> GGUFModel:
     return GGUFModel(path, meta["general.architecture"], config, tensors, meta, storage)
 
 
+def outer_tensors(cfg: DecoderConfig) -> dict[str, GGUFTensor]:
+    """The GGUF tensors outside the decoder layers: the table, the final norm, an untied LM head."""
+    table = {"embed_tokens.weight": GGUFTensor("token_embd.weight"), "norm.weight": GGUFTensor("output_norm.weight")}
+    if not cfg.tie_embeddings:
+        table["lm_head.weight"] = GGUFTensor("output.weight", transposed=True)
+    return table
+
+
 def rope_row_order(rows: int, heads: int) -> np.ndarray:
     """Index ``p`` with ``hf = gguf[p]``: llama.cpp's converter stores, per head, the rows of the two rotary halves
     interleaved (``[x0, x_half, x1, x_half+1, ...]``) so its rope can rotate adjacent pairs; Hugging Face's Llama

@@ -35,7 +35,7 @@ from .common import (
     split_past,
 )
 from .config import DecoderConfig
-from .gguf_weights import LINEARS, GGUFTensor
+from .gguf_weights import LINEARS, GGUFTensor, outer_tensors
 
 __all__ = ["Llama", "cache_names", "export", "generate", "gguf_tensors", "load_gguf", "perplexity", "state_from_gguf"]
 
@@ -92,9 +92,7 @@ class Llama(nn.Layer):
 def gguf_tensors(cfg: DecoderConfig) -> dict[str, GGUFTensor]:
     """Each Paddle parameter's GGUF tensor (``[out, in]`` matrices stored transposed from ``Linear``'s
     ``[in, out]``; q/k rows in llama.cpp's rotary order)."""
-    table = {"embed_tokens.weight": GGUFTensor("token_embd.weight"), "norm.weight": GGUFTensor("output_norm.weight")}
-    if not cfg.tie_embeddings:
-        table["lm_head.weight"] = GGUFTensor("output.weight", transposed=True)
+    table = outer_tensors(cfg)
     for i in range(cfg.num_layers):
         blk = f"blk.{i}"
         table[f"layers.{i}.input_norm.weight"] = GGUFTensor(f"{blk}.attn_norm.weight")
