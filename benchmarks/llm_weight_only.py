@@ -352,14 +352,14 @@ def build_ours(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
     replace_matmuls(onnx_model, codes, input_scales, INT8_ACTIVATIONS)
     paths = {"onnxruntime": save(onnx_model, bench.work / name / "model.onnx")}
     paths["openvino"] = paths["onnxruntime"]
-    genai = copy.deepcopy(onnx_model)  # the same file as an ONNX Runtime GenAI folder, the tokenizer beside it
+    genai = onnx.load(str(paths["onnxruntime"]))  # the same file as a GenAI folder (saving moved its weights out)
     name_decoder_io(genai, fresh.cfg.num_layers)
     source = MODELS[bench.args.model][2]()
     text, tokenizer_config = tokenizer_files(bench.tokenizer, read_metadata(source))
     shape = decoder_shape(fresh, read_metadata(source))
     paths["onnxruntime-genai"] = write_genai_folder(bench.work / name / "genai", genai, shape, text,
                                                     tokenizer_config, THREADS)
-    ov_form = copy.deepcopy(onnx.load(str(paths["openvino"])))  # the table in the OpenVINO runtime's form
+    ov_form = onnx.load(str(paths["openvino"]))  # the table in the OpenVINO runtime's form
     name_decoder_io(ov_form, fresh.cfg.num_layers)
     ov_onnx = save(ov_form, bench.work / name / "openvino-genai-src" / "model.onnx")
     paths["openvino-genai"] = write_openvino_genai_folder(bench.work / name / "openvino-genai", ov_onnx, shape,
