@@ -131,6 +131,9 @@ class Runner:
             options = ort.SessionOptions()
             options.intra_op_num_threads = THREADS
             options.log_severity_level = 3
+            # idle sessions' spinning threads would hold the cores the session timed next needs (every
+            # session is alive during the interleaved rounds); qcore's predictors turn it off too
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
             self.run = lambda feed: session.run(None, feed)
         else:

@@ -367,6 +367,18 @@ def test_dynamic_int4_groups_with_gptq_for_onnx_runtime(tmp_path, capsys):
     assert report["compressed_weight_bytes"] == (64 * 128 + 128 * 32) // 2 + groups * 4 + groups // 2
     row = report["verified"]["onnxruntime"]
     assert row["deployed_vs_simulated"] < 0.02 and (out / "inference.onnx").is_file()
+    # the printout names the compressed file and its size against float, and labels the columns int4, not int8
+    onnx_bytes = (out / "inference.onnx").stat().st_size
+    assert report["compressed_file_bytes"] == onnx_bytes and report["grids"] == ["uint4"]
+    assert f"compressed model: {out / 'inference.onnx'} ({onnx_bytes:,} bytes, " in captured.out
+    assert onnx_bytes < 0.5 * report["sizes"]["float_params_bytes"]
+    assert "| backend | float ms | int4 ms |" in captured.out and "int8 ms" not in captured.out
+    # without --backend: no compressed file, and the printout says so and how to get one
+    assert main(["ptq", "dynamic", str(tmp_path / "float"), str(tmp_path / "sim"), "--bits", "4", "--group-size",
+                 "32"]) == 0
+    printed = capsys.readouterr().out
+    assert "no compressed file: the Paddle model holds the uint4 weights dequantized" in printed
+    assert "--backend onnxruntime" in printed and not (tmp_path / "sim" / "inference.onnx").exists()
 
 
 def test_dynamic_int4_with_the_tied_embedding_table_int8(tmp_path, capsys):

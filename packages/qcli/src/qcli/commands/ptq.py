@@ -16,6 +16,7 @@ import numpy as np
 
 from qcore.config import ROUND_TYPES
 from qcore.deploy import BACKEND_NAMES, get_target
+from qcore.deploy.onnx_runtimes import ONNX_FILE
 from qcore.errors import ConfigError, DataError, OutputError
 from qcore.inference import create_predictor
 from qcore.model_io import ModelFiles, find_model_files
@@ -190,12 +191,20 @@ def _run_weight_only(args: argparse.Namespace, source: ModelFiles) -> int:
         deploy_backend=args.backend, sample_generator=samples, batch_size=args.batch_size,
         batch_nums=args.batch_nums, progress=True, **options,
     )
+    grids = sorted({layer.grid for layer in result.layers})
     report = {
         "method": "dynamic", "weight_only": dataclasses.asdict(config),
+        "label": "/".join(sorted({f"int{layer.bits}" for layer in result.layers})),
         "layers": [dataclasses.asdict(layer) for layer in result.layers],
         "compressed_weight_bytes": result.size_bytes(),
         "float_weight_bytes": sum(4 * layer.shape[0] * layer.shape[1] for layer in result.layers),
+        "grids": grids,
     }
+    onnx_file = files.directory / ONNX_FILE
+    if onnx_file.is_file():
+        data = onnx_file.with_name(onnx_file.name + ".data")
+        report["compressed_file"] = str(onnx_file)
+        report["compressed_file_bytes"] = onnx_file.stat().st_size + (data.stat().st_size if data.is_file() else 0)
     return _finish(args, source, files, report, time.perf_counter() - start, samples)
 
 
@@ -339,16 +348,31 @@ def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, repor
     sizes = report["sizes"]
     print(f"quantized model: {out.model_file} ({report['seconds']} s); params {sizes['float_params_bytes']:,} -> "
           f"{sizes['quantized_params_bytes']:,} bytes ({sizes['ratio']:.2f}x); report: {path}")
+    if "grids" in report:  # weight-only groups: the Paddle model holds the simulation, the ONNX file the codes
+        _print_weight_only(report, sizes["float_params_bytes"])
     for name, value in report.get("accuracy", {}).items():
         print(f"  {name}: {value:.2f}")
     if "verified" in report:
         print(f"verified on {report['verified_on']}:")
-        print(markdown_table(report["verified"]))
+        print(markdown_table(report["verified"], ("float", report.get("label", "int8"))))
         for line in slow_int8_warnings(report["verified"]):
             print(f"warning: {line}", file=sys.stderr)
     elif "verification_failed" not in report:
         print(f"not verified: {report['verified_on']}")
     return status
+
+
+def _print_weight_only(report: dict, float_bytes: int) -> None:
+    """Where the compressed weights are: the ONNX file and its size against the float parameters, or why none."""
+    kinds = ", ".join(report["grids"])
+    if "compressed_file" in report:
+        size = report["compressed_file_bytes"]
+        print(f"compressed model: {report['compressed_file']} ({size:,} bytes, {size / float_bytes:.2f}x the float "
+              f"parameters; matmul weights {kinds} in groups)")
+    else:
+        print(f"no compressed file: the Paddle model holds the {kinds} weights dequantized, at float size (Paddle has "
+              "no int4 or group-wise matmul on CPU); add --backend onnxruntime or --backend openvino-runtime to "
+              f"also write {ONNX_FILE} with the codes")
 
 
 def _verification_feed(args: argparse.Namespace, source: ModelFiles,
