@@ -49,6 +49,8 @@ def test_one_command_writes_a_q4_0_gguf_and_reports_it(checkpoint, tmp_path, cap
     (["--bits", "4", "--group-size", "128"], "Q4_1 blocks hold 32 input channels; use group_size=32"),
     (["--bits", "4", "--backend", "onnxruntime"], "--format gguf names the LLM runtime: drop --backend"),
     (["--bits", "4", "--awq"], "awq=True divides each linear's input by scales a GGUF file cannot hold"),
+    (["--bits", "4", "--algo", "gptq"], "algo='gptq' needs calibration data"),
+    (["--bits", "4", "--algo", "gptq", "--data", "missing.txt"], "calibration data missing.txt: no such file"),
 ])
 def test_bad_llm_options_are_one_line_before_any_work(checkpoint, tmp_path, capsys, extra, message):
     source, _ = checkpoint

@@ -115,7 +115,12 @@ def calibration_windows(data: str | os.PathLike[str] | np.ndarray | Sequence[Seq
     return [w[None] for w in ids]
 
 
-def _check(source: Path, out: Path, config: WeightOnlyConfig, format: str) -> str:
+def _check(source: Path, out: Path, config: WeightOnlyConfig, format: str, calibration: Any) -> str:
+    if config.calibrated and calibration is None:
+        raise ConfigError(f"algo={config.algo!r}{', clip_search' if config.clip_search else ''} needs calibration "
+                          "data: give a .txt of text or a .npy of token ids (--data), or use algo='rtn'")
+    if isinstance(calibration, (str, os.PathLike)) and not Path(calibration).is_file():
+        raise DataError(f"calibration data {calibration}: no such file; give a .txt of text or a .npy of token ids")
     if format not in LLM_FORMATS:
         raise ConfigError(f"format={format!r} is not written; use one of {sorted(LLM_FORMATS)}")
     suffix, grid = LLM_FORMATS[format]
@@ -140,7 +145,7 @@ def quantize_llm(source: str | os.PathLike[str], out: str | os.PathLike[str], co
     (:data:`LLM_FORMATS`); ``calibration``: text file, ``.npy`` of ids or ids (:func:`calibration_windows`), needed
     by GPTQ and clip search. Returns the report, verification included."""
     source, out = Path(source), Path(out)
-    arch = _check(source, out, config, format)
+    arch = _check(source, out, config, format, calibration)
     model, tokenizer = LOADERS[arch](source)
     float_bytes = sum(4 * int(np.prod(p.shape)) for p in model.parameters())
     windows = None if calibration is None else calibration_windows(calibration, tokenizer)
