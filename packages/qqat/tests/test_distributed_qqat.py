@@ -77,11 +77,13 @@ def test_scales_equal_one_process_on_the_union_of_the_batches(runs, case):
 @pytest.mark.parametrize("case", TRAINED)
 def test_trained_scales_follow_one_process(runs, case):
     """With training, the first layer's input scale (data only) is exact; the rest match to float
-    rounding: DataParallel averages per-rank gradients, one process sums in another order."""
+    rounding: DataParallel averages per-rank gradients, one process sums in another order. PACT's clip
+    ``alpha`` of that input is trained by those gradients, so it is among the rest (on an Intel AVX-512/AMX
+    CPU it differs from one process by one float32 step; the AMD machines of earlier runs matched it exactly)."""
     dist_out, single_out, _ = runs
     merged, single = state(dist_out, case), state(single_out, case)
-    first = [k for k in merged if k.startswith("conv1.act_quanter.") and not k.endswith("initialized")]
-    assert first
+    first = [k for k in merged if k.startswith("conv1.act_quanter.") and not k.endswith(("initialized", "alpha"))]
+    assert first or case == "pact"  # PACT's only state of that input is its trained alpha
     for key in first:
         np.testing.assert_array_equal(merged[key], single[key], err_msg=key)
     for key in merged:
