@@ -52,14 +52,15 @@ from decoders.text import calibration_text, evaluation_text, token_windows  # no
 from qcore.deploy.host import describe_cpu  # noqa: E402
 from qcore.export.gather_nbits import BLOCK_DQ_OPSET  # noqa: E402
 from qcore.export.nbits import FLOAT_ACTIVATIONS, INT8_ACTIVATIONS, replace_matmuls  # noqa: E402
-from qcore.export.openvino_genai import write_openvino_genai_folder  # noqa: E402
-from qcore.export.ortgenai import name_decoder_io, write_genai_folder  # noqa: E402
+from qcore.export.openvino_genai import name_decoder_io, write_openvino_genai_folder  # noqa: E402
+from qcore.export.ortgenai import write_genai_folder  # noqa: E402
 from qcore.export.paddle2onnx_float import float_onnx  # noqa: E402
 from qcore.model_io import find_model_files  # noqa: E402
 from qptq.llm import gemma3, llama  # noqa: E402
 from qptq.llm.common import cache_names, export  # noqa: E402
 from qptq.llm.gguf_weights import read_gguf, read_metadata  # noqa: E402
 from qptq.llm.onnx_export import decoder_shape, tokenizer_files  # noqa: E402
+from qptq.llm.ort_graph import decoder_graph  # noqa: E402
 from qptq.weight_only import WeightOnlyConfig, quantize_  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -355,13 +356,11 @@ def build_ours(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
     replace_matmuls(onnx_model, codes, input_scales, INT8_ACTIVATIONS)
     paths = {"onnxruntime": save(onnx_model, bench.work / name / "model.onnx")}
     paths["openvino"] = paths["onnxruntime"]
-    genai = onnx.load(str(paths["onnxruntime"]))  # the same file as a GenAI folder (saving moved its weights out)
-    name_decoder_io(genai, fresh.cfg.num_layers)
     source = MODELS[bench.args.model][2]()
     text, tokenizer_config = tokenizer_files(bench.tokenizer, read_metadata(source))
     shape = decoder_shape(fresh, read_metadata(source))
-    paths["onnxruntime-genai"] = write_genai_folder(bench.work / name / "genai", genai, shape, text,
-                                                    tokenizer_config, THREADS)
+    paths["onnxruntime-genai"] = write_genai_folder(bench.work / name / "genai", decoder_graph(fresh, result), shape,
+                                                    text, tokenizer_config, THREADS)
     ov_form = onnx.load(str(paths["openvino"]))  # the table in the OpenVINO runtime's form
     name_decoder_io(ov_form, fresh.cfg.num_layers)
     ov_onnx = save(ov_form, bench.work / name / "openvino-genai-src" / "model.onnx")

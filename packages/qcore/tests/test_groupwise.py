@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from qcore.errors import ConfigError
-from qcore.groupwise import group_count, quantize_groups
+from qcore.groupwise import group_count, join_outputs, quantize_groups
 from qcore.packing import pack_codes, unpack_fields
 
 
@@ -66,3 +66,15 @@ def test_a_group_size_that_does_not_divide_the_width_is_one_line(k, group, messa
 def test_three_bits_is_refused_with_the_supported_widths():
     with pytest.raises(ConfigError, match=r"weight_bits=3 is not supported .* use one of \(4, 8\)"):
         quantize_groups(np.ones((32, 2)), bits=3, group_size=32)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_join_outputs_puts_weights_side_by_side_only_on_one_grid(symmetric):
+    rng = np.random.default_rng(3)
+    parts = [quantize_groups(rng.standard_normal((64, n)), 4, 32, symmetric) for n in (8, 4, 4)]
+    joined = join_outputs(parts)
+    assert joined.codes.shape == (64, 16) and joined.scales.shape == (2, 16)
+    np.testing.assert_array_equal(joined.dequantize(), np.concatenate([q.dequantize() for q in parts], axis=1))
+    assert join_outputs([parts[0], quantize_groups(rng.standard_normal((64, 4)), 8, 32, symmetric)]) is None
+    assert join_outputs([parts[0], quantize_groups(rng.standard_normal((64, 4)), 4, 64, symmetric)]) is None
+    assert join_outputs([parts[0], quantize_groups(rng.standard_normal((64, 4)), 4, 32, not symmetric)]) is None

@@ -95,6 +95,25 @@ class GroupCodes:
                        offsets=pick(self.offsets))
 
 
+def join_outputs(parts: list[GroupCodes]) -> GroupCodes | None:
+    """The codes of weights that read the same input, side by side (``[K, sum of N]``, in order), when they are
+    on one grid (bits, group, zero points or not, offsets or not, dtypes); else None."""
+    def kind(q: GroupCodes) -> tuple:
+        return (q.codes.shape[0], q.codes.dtype, q.scales.dtype, q.bits, q.group_size, q.grid,
+                q.zero_points is None, q.offsets is None)
+
+    first = parts[0]
+    if any(kind(q) != kind(first) for q in parts[1:]):
+        return None
+
+    def side_by_side(field: str) -> NDArray | None:
+        arrays = [getattr(q, field) for q in parts]
+        return None if arrays[0] is None else np.concatenate(arrays, axis=1)
+
+    return replace(first, codes=side_by_side("codes"), scales=side_by_side("scales"),
+                   zero_points=side_by_side("zero_points"), offsets=side_by_side("offsets"))
+
+
 def group_count(k: int, group_size: int) -> int:
     """Groups along ``k`` input channels; ``group_size=-1`` is one. One :class:`ConfigError` line when
     ``group_size`` does not divide ``k``."""

@@ -58,7 +58,7 @@ def _float_input(values: np.ndarray, name: str, half: bool) -> tuple[list[Any], 
     return [helper.make_node("Cast", [stored.name], [name], to=TensorProto.FLOAT, name=f"{name}.cast")], [stored]
 
 
-def _ort_lookup(q: GroupCodes, ids: str, y: str, name: str, b_name: str) -> tuple[list[Any], list[Any]]:
+def ort_lookup(q: GroupCodes, ids: str, y: str, name: str, b_name: str) -> tuple[list[Any], list[Any]]:
     """``GatherBlockQuantized`` on ``MatMulNBits``' ``B`` (initializer ``b_name``), reshaped to rows of ``hidden``."""
     from onnx import helper, numpy_helper
 
@@ -120,7 +120,7 @@ def gather_nbits(q: GroupCodes, ids: str, y: str, name: str, runtime: str = "onn
     _check_runtime(runtime)
     if runtime == "onnxruntime":
         b = numpy_helper.from_array(nbits_arrays(q).b, f"{name}.B")
-        nodes, inits = _ort_lookup(q, ids, y, name, b.name)
+        nodes, inits = ort_lookup(q, ids, y, name, b.name)
         return nodes, [b, *inits]
     names, inits, block = _ov_table(q, name)
     node = helper.make_node("GatherBlockQuantized", [names[0], ids, *names[1:]], [y], name=name, domain=MS_DOMAIN,
@@ -170,7 +170,7 @@ def replace_tables(model: Any, codes: dict[str, GroupCodes], runtime: str = "onn
             lookup = f"{name}.gather.{len(replaced)}"
             if n.op_type == "Gather" and n.input[0] == table and _attribute(n, "axis", 0) == 0:
                 if runtime == "onnxruntime":
-                    replaced[id(n)], inits = _ort_lookup(q, n.input[1], n.output[0], lookup, b_name)
+                    replaced[id(n)], inits = ort_lookup(q, n.input[1], n.output[0], lookup, b_name)
                     new_inits += inits
                 else:
                     replaced[id(n)] = [helper.make_node(

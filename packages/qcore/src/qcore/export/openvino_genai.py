@@ -1,13 +1,15 @@
-"""A decoder's ONNX decode step as an OpenVINO GenAI folder: a stateful IR (``openvino_model.xml`` / ``.bin``)
-with the tokenizer and detokenizer IRs of ``openvino-tokenizers``, which ``openvino_genai.LLMPipeline(folder,
-"CPU")`` runs with no code of the user's.
+"""A decoder's ONNX decode step as an OpenVINO GenAI folder: a stateful IR (``openvino_model.xml`` / ``.bin``) with the
+tokenizer and detokenizer IRs of ``openvino-tokenizers``, which ``openvino_genai.LLMPipeline(folder, "CPU")`` runs
+with no code of the user's.
 
-The graph is the one :mod:`.ortgenai` writes (``input_ids``, ``past_key_<i>`` / ``past_value_<i>`` in, ``logits``
-and ``present_*`` out). Read by the OpenVINO runtime's ONNX frontend (``MatMulNBits`` become its compressed
-weights), it gets the inputs the pipeline feeds: ``attention_mask`` and ``position_ids`` (unused: the graph
-derives masks and positions from the cache length, so generation is batch 1 without padding) and ``beam_idx``,
-which reorders each cache along the batch before use; then OpenVINO's make-stateful transformation turns every
-past/present pair into a state variable, so the cache stays inside the model between steps.
+The graph is a decode step with an explicit KV cache (paddle2onnx's export of a decoder's PIR decode program,
+weights replaced by :mod:`.nbits`), named by :func:`name_decoder_io`: ``input_ids``, ``past_key_<i>`` /
+``past_value_<i>`` in, ``logits`` and ``present_*`` out. Read by the OpenVINO runtime's ONNX frontend
+(``MatMulNBits`` become its compressed weights), it gets the inputs the pipeline feeds: ``attention_mask`` and
+``position_ids`` (unused: the graph derives masks and positions from the cache length, so generation is batch 1
+without padding) and ``beam_idx``, which reorders each cache along the batch before use; then OpenVINO's make-
+stateful transformation turns every past/present pair into a state variable, so the cache stays inside the model
+between steps.
 """
 
 from __future__ import annotations
@@ -24,6 +26,24 @@ from .ortgenai import DecoderShape
 from .quiet import quiet_loggers
 
 MODEL_XML = "openvino_model.xml"
+
+
+def name_decoder_io(model: Any, layers: int) -> None:
+    """Rename ``model``'s outputs in place: the first to ``logits``, then ``present_key_<i>``,
+    ``present_value_<i>`` per layer (one line when the graph does not have ``1 + 2 * layers`` outputs)."""
+    outputs = list(model.graph.output)
+    if len(outputs) != 1 + 2 * layers:
+        raise ConfigError(f"the decoder graph has {len(outputs)} outputs; a {layers}-layer decode step has "
+                          f"{1 + 2 * layers} (logits, then a key and a value per layer)")
+    names = ["logits"] + [f"present_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
+    renamed = {old.name: new for old, new in zip(outputs, names)}
+    for node in model.graph.node:
+        for field in (node.input, node.output):
+            for k, value in enumerate(field):
+                if value in renamed:
+                    field[k] = renamed[value]
+    for output in outputs:
+        output.name = renamed[output.name]
 
 
 def require_openvino_genai() -> None:
@@ -79,7 +99,7 @@ def tokenizer_models(tokenizer_json: str, tokenizer_config: Mapping[str, Any]) -
 def write_openvino_genai_folder(out_dir: str | os.PathLike[str], onnx_path: Path, shape: DecoderShape,
                                 tokenizer_json: str, tokenizer_config: Mapping[str, Any]) -> Path:
     """Write the folder (staged: every file or none); ``onnx_path`` a decode step named as
-    :func:`.ortgenai.name_decoder_io` names it, its weights beside it."""
+    :func:`name_decoder_io` names it, its weights beside it."""
     import openvino as ov
 
     require_openvino_genai()

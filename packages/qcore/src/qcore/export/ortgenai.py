@@ -2,13 +2,10 @@
 ``genai_config.json``, and the tokenizer (``tokenizer.json``, ``tokenizer_config.json``), which
 ``onnxruntime_genai.Model(folder)`` and its generator run with no code of the user's.
 
-The graph is a decode step with an explicit KV cache (what :mod:`qcore.export.paddle2onnx_float` makes of a
-decoder's PIR decode program, weights replaced by :mod:`qcore.export.nbits`): inputs ``input_ids`` and
-``past_key_<i>`` / ``past_value_<i>`` (``[batch, kv_heads, past, head_dim]``; a prefill passes an empty
-cache), outputs the logits then each layer's grown cache. GenAI reads such names from ``genai_config.json``'s
-``inputs`` / ``outputs`` (``%d`` for the layer) and feeds only the inputs the graph has (no attention mask or
-positions here: the graph derives them from the cache length); the past and present caches are separate
-buffers (``past_present_share_buffer`` false).
+The graph (written by ``qptq.llm.ort_graph``) names its I/O as :data:`INPUTS` / :data:`OUTPUTS` say (``%d`` the
+layer): ``input_ids`` and ``attention_mask`` ``[batch, total]``, and per layer a key and a value cache
+``[batch, kv_heads, max_length, head_dim]`` that is one buffer for past and present
+(``past_present_share_buffer``: ``GroupQueryAttention`` writes each step's key and value into it in place).
 """
 
 from __future__ import annotations
@@ -20,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
 from ..outputs import staged_output
 
 MODEL_FILE, CONFIG_FILE = "model.onnx", "genai_config.json"
-INPUTS = {"input_ids": "input_ids", "past_key_names": "past_key_%d", "past_value_names": "past_value_%d"}
-OUTPUTS = {"logits": "logits", "present_key_names": "present_key_%d", "present_value_names": "present_value_%d"}
+#: Graph input and output names, ``%d`` the layer (``genai_config.json``'s ``inputs`` / ``outputs``).
+INPUTS = {"input_ids": "input_ids", "attention_mask": "attention_mask",
+          "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"}
+OUTPUTS = {"logits": "logits", "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"}
 
 
 @dataclass(frozen=True)
@@ -45,40 +43,23 @@ class DecoderShape:
     pad_token_id: int | None = None
 
 
-def name_decoder_io(model: Any, layers: int) -> None:
-    """Rename ``model``'s outputs in place: the first to ``logits``, then ``present_key_<i>``,
-    ``present_value_<i>`` per layer (one line when the graph does not have ``1 + 2 * layers`` outputs)."""
-    outputs = list(model.graph.output)
-    if len(outputs) != 1 + 2 * layers:
-        raise ConfigError(f"the decoder graph has {len(outputs)} outputs; a {layers}-layer decode step has "
-                          f"{1 + 2 * layers} (logits, then a key and a value per layer)")
-    names = ["logits"] + [f"present_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
-    renamed = {old.name: new for old, new in zip(outputs, names)}
-    for node in model.graph.node:
-        for field in (node.input, node.output):
-            for k, value in enumerate(field):
-                if value in renamed:
-                    field[k] = renamed[value]
-    for output in outputs:
-        output.name = renamed[output.name]
-
-
 def genai_config(shape: DecoderShape, threads: int | None = None) -> dict[str, Any]:
-    """``genai_config.json`` for a graph named as :func:`name_decoder_io` names it; greedy search by default."""
+    """``genai_config.json`` for a graph named as :data:`INPUTS` / :data:`OUTPUTS` say; greedy search by default."""
     session: dict[str, Any] = {"log_id": "onnxruntime-genai", "provider_options": []}
     if threads:
         session["intra_op_num_threads"] = threads
     model = {
         "type": shape.type, "vocab_size": shape.vocab_size, "context_length": shape.context_length,
-        "bos_token_id": shape.bos_token_id, "eos_token_id": shape.eos_token_id,
+        "eos_token_id": shape.eos_token_id,
         "pad_token_id": shape.pad_token_id if shape.pad_token_id is not None else shape.eos_token_id,
+        **({} if shape.bos_token_id is None else {"bos_token_id": shape.bos_token_id}),  # GenAI refuses a null
         "decoder": {"filename": MODEL_FILE, "session_options": session, "hidden_size": shape.hidden_size,
                     "head_size": shape.head_dim, "num_attention_heads": shape.num_heads,
                     "num_key_value_heads": shape.num_kv_heads, "num_hidden_layers": shape.num_layers,
                     "inputs": INPUTS, "outputs": OUTPUTS},
     }
     search = {"max_length": shape.context_length, "min_length": 0, "do_sample": False, "num_beams": 1,
-              "num_return_sequences": 1, "past_present_share_buffer": False, "repetition_penalty": 1.0,
+              "num_return_sequences": 1, "past_present_share_buffer": True, "repetition_penalty": 1.0,
               "temperature": 1.0, "top_k": 1, "top_p": 1.0, "early_stopping": True, "length_penalty": 1.0,
               "no_repeat_ngram_size": 0, "diversity_penalty": 0.0}
     return {"model": model, "search": search}
@@ -86,8 +67,8 @@ def genai_config(shape: DecoderShape, threads: int | None = None) -> dict[str, A
 
 def write_genai_folder(out_dir: str | os.PathLike[str], model: Any, shape: DecoderShape, tokenizer_json: str,
                        tokenizer_config: Mapping[str, Any], threads: int | None = None) -> Path:
-    """Write the folder (staged: ``out_dir`` gets every file or none of them); ``model`` named by
-    :func:`name_decoder_io`, its weights saved beside it as ``model.onnx.data``."""
+    """Write the folder (staged: ``out_dir`` gets every file or none of them); ``model``'s I/O named as
+    :data:`INPUTS` / :data:`OUTPUTS` say, its weights saved beside it as ``model.onnx.data``."""
     import onnx
 
     out = Path(out_dir)

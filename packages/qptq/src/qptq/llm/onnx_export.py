@@ -1,7 +1,8 @@
-"""A weight-only quantized decoder (:mod:`.llama`, :mod:`.gemma3`) as ONNX: its PIR decode step (explicit KV cache)
-through paddle2onnx, matmuls swapped for ``MatMulNBits`` and the table for the runtime's quantized lookup
-(:mod:`qcore.export.nbits`), and as an ONNX Runtime GenAI folder (:mod:`qcore.export.ortgenai`) with the
-tokenizer of the GGUF the model was read from."""
+"""A weight-only quantized decoder (:mod:`.llama`, :mod:`.gemma3`) as a runtime's LLM folder, with the tokenizer of
+the GGUF the model was read from: ONNX Runtime GenAI's (:mod:`qcore.export.ortgenai`) holds the graph
+:mod:`.ort_graph` writes with ONNX Runtime's contrib ops; OpenVINO GenAI's (:mod:`qcore.export.openvino_genai`)
+the stateful IR of the PIR decode step (explicit KV cache) through paddle2onnx, matmuls swapped for
+``MatMulNBits`` and the table for the OpenVINO runtime's quantized lookup (:mod:`qcore.export.nbits`)."""
 
 from __future__ import annotations
 
@@ -12,28 +13,27 @@ from typing import Any
 
 from qcore.export.gather_nbits import BLOCK_DQ_OPSET
 from qcore.export.nbits import INT8_ACTIVATIONS, replace_matmuls
-from qcore.export.openvino_genai import write_openvino_genai_folder
-from qcore.export.ortgenai import MODEL_FILE, DecoderShape, name_decoder_io, write_genai_folder
-from qcore.export.paddle2onnx_float import OPSET, float_onnx
+from qcore.export.openvino_genai import name_decoder_io, write_openvino_genai_folder
+from qcore.export.ortgenai import MODEL_FILE, DecoderShape, write_genai_folder
+from qcore.export.paddle2onnx_float import float_onnx
 from qcore.model_io import find_model_files
 
 from ..weight_only.plan import WeightOnlyResult
 from .common import export
 from .config import Gemma3Config
+from .ort_graph import decoder_graph
 
 #: GenAI's model family per decoder config class (its ``type``): both run as its generic decoder-only model.
 GENAI_TYPES = {Gemma3Config: "gemma3_text"}
 
 
-def decoder_onnx(model: Any, result: WeightOnlyResult, runtime: str = "onnxruntime",
-                 accuracy_level: int = INT8_ACTIVATIONS) -> Any:
-    """The ONNX decode step of ``model`` (quantized in place, ``grid="int"``) with ``result``'s codes, the
-    quantized table in ``runtime``'s form (the OpenVINO runtime's needs opset 21)."""
-    opset = BLOCK_DQ_OPSET if runtime == "openvino-runtime" else OPSET
+def decoder_onnx(model: Any, result: WeightOnlyResult, accuracy_level: int = INT8_ACTIVATIONS) -> Any:
+    """The ONNX decode step of ``model`` (quantized in place, ``grid="int"``) through paddle2onnx, with
+    ``result``'s codes, the quantized table in the OpenVINO runtime's form (opset 21)."""
     with tempfile.TemporaryDirectory(prefix="qptq-llm-") as tmp:
         export(model, tmp)
-        onnx_model = float_onnx(find_model_files(Path(tmp) / "decode"), opset)
-    replace_matmuls(onnx_model, result.codes, result.input_scales, accuracy_level, runtime)
+        onnx_model = float_onnx(find_model_files(Path(tmp) / "decode"), BLOCK_DQ_OPSET)
+    replace_matmuls(onnx_model, result.codes, result.input_scales, accuracy_level, "openvino-runtime")
     name_decoder_io(onnx_model, model.cfg.num_layers)
     return onnx_model
 
@@ -70,7 +70,7 @@ def save_ortgenai(model: Any, result: WeightOnlyResult, tokenizer: Any, metadata
     """Write the ONNX Runtime GenAI folder ``out`` of ``model`` (quantized in place by
     :func:`qptq.weight_only.quantize_`, ``grid="int"``)."""
     text, config = tokenizer_files(tokenizer, metadata)
-    return write_genai_folder(out, decoder_onnx(model, result), decoder_shape(model, metadata), text, config,
+    return write_genai_folder(out, decoder_graph(model, result), decoder_shape(model, metadata), text, config,
                               threads)
 
 
@@ -83,6 +83,6 @@ def save_openvino_genai(model: Any, result: WeightOnlyResult, tokenizer: Any, me
     text, config = tokenizer_files(tokenizer, metadata)
     with tempfile.TemporaryDirectory(prefix="qptq-ovgenai-") as tmp:
         path = Path(tmp) / MODEL_FILE
-        onnx.save(decoder_onnx(model, result, "openvino-runtime"), str(path), save_as_external_data=True,
+        onnx.save(decoder_onnx(model, result), str(path), save_as_external_data=True,
                   location=MODEL_FILE + ".data")
         return write_openvino_genai_folder(out, path, decoder_shape(model, metadata), text, config)

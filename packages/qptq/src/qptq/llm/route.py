@@ -44,6 +44,11 @@ LLM_FORMATS = {"gguf": (".gguf", "gguf"), "onnxruntime-genai": ("", "int"), "ope
 MIN_AGREEMENT = 0.9
 #: Tokens per calibration window cut from text, and the most windows taken.
 WINDOW, WINDOWS = 256, 32
+#: What the runtime's logits are checked on when no calibration data was given (plain prose: the positions of
+#: ids a tokenizer never makes from text, e.g. special tokens, say little about a model's use).
+PROBE_TEXT = ("The river runs past the old mill, where the miller keeps his books and counts the sacks of grain "
+              "each evening. In spring the water rises, and the children of the village watch the wheel turn "
+              "faster than it did all winter. Nobody remembers who built the mill, but everyone knows its sound.")
 
 
 #: Readers of the decoders of :mod:`qptq.llm` by GGUF ``general.architecture``.
@@ -161,7 +166,7 @@ def quantize_llm(source: str | os.PathLike[str], out: str | os.PathLike[str], co
     finally:
         if counter is not None:
             counter.close()
-    window = windows[0] if windows else None
+    window = windows[0] if windows else np.asarray(tokenizer.encode(PROBE_TEXT).ids, np.int64)[None]
     if format == "gguf":
         from .gguf_export import save_gguf
 
@@ -180,9 +185,9 @@ def quantize_llm(source: str | os.PathLike[str], out: str | os.PathLike[str], co
     return LlmReport(written, format, arch, size, float_bytes, result, verified)
 
 
-def verify_gguf(path: Path, model: Any, window: np.ndarray | None) -> dict[str, Any]:
+def verify_gguf(path: Path, model: Any, window: np.ndarray) -> dict[str, Any]:
     """Read ``path`` back (the ``gguf`` package's reader) and compare every tensor with ``model``'s simulated
-    parameters; with ``llama-cpp-python`` installed and a ``window`` of ids, llama.cpp's logits with the model's.
+    parameters; with ``llama-cpp-python`` installed, llama.cpp's logits of ``window`` with the model's.
     Raises :class:`~qcore.errors.DataError` when the file does not hold the simulation."""
     import importlib.util
 
@@ -198,19 +203,20 @@ def verify_gguf(path: Path, model: Any, window: np.ndarray | None) -> dict[str, 
     if worst != 0.0:
         raise DataError(f"{path} does not hold the simulated weights (largest difference {worst:g}); please report")
     verified: dict[str, Any] = {"gguf_reader": "every tensor equals the simulation"}
-    if window is None or importlib.util.find_spec("llama_cpp") is None:
-        verified["llama.cpp"] = "not run (install llama-cpp-python, and give calibration data)"
+    if importlib.util.find_spec("llama_cpp") is None:
+        verified["llama.cpp"] = "not run (install llama-cpp-python)"
         return verified
     verified["llama.cpp"] = llama_cpp_agreement(path, model, window[:, :64])
     return verified
 
 
-def verify_ortgenai(folder: Path, model: Any, window: np.ndarray | None) -> dict[str, Any]:
-    """The logits of ``window`` (default: 32 fixed ids) from the folder, run by ``onnxruntime_genai`` where it is
-    installed (else by ONNX Runtime's session on ``model.onnx``), against ``model``'s."""
+def verify_ortgenai(folder: Path, model: Any, window: np.ndarray) -> dict[str, Any]:
+    """The logits of ``window`` (a calibration window, or :data:`PROBE_TEXT`) from the folder, run by
+    ``onnxruntime_genai`` where it is installed (else by ONNX Runtime's session on ``model.onnx``), against
+    ``model``'s."""
     import importlib.util
 
-    ids = window[:, :64] if window is not None else np.arange(3, 35, dtype=np.int64)[None]
+    ids = window[:, :64]
     if importlib.util.find_spec("onnxruntime_genai") is not None:
         import onnxruntime_genai as og
 
@@ -224,19 +230,20 @@ def verify_ortgenai(folder: Path, model: Any, window: np.ndarray | None) -> dict
         cfg = model.cfg
         session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
         empty = np.zeros((1, cfg.num_kv_heads, 0, cfg.head_dim), np.float32)
-        feed = {i.name: empty for i in session.get_inputs() if i.name != "input_ids"}
-        theirs, runner = session.run(["logits"], {"input_ids": ids, **feed})[0][0], "onnxruntime (session)"
+        feed = {i.name: empty for i in session.get_inputs() if i.name.startswith("past_")}
+        feed.update(input_ids=ids, attention_mask=np.ones_like(ids))
+        theirs, runner = session.run(["logits"], feed)[0][0], "onnxruntime (session)"
     return {runner: agreement(theirs, model, ids)}
 
 
-def verify_openvino_genai(folder: Path, model: Any, window: np.ndarray | None) -> dict[str, Any]:
-    """The logits of ``window`` (default: 32 fixed ids) from the folder's stateful IR in the OpenVINO runtime
-    (fed as ``LLMPipeline`` feeds it: mask, positions, ``beam_idx``) against ``model``'s."""
+def verify_openvino_genai(folder: Path, model: Any, window: np.ndarray) -> dict[str, Any]:
+    """The logits of ``window`` (a calibration window, or :data:`PROBE_TEXT`) from the folder's stateful IR in the
+    OpenVINO runtime (fed as ``LLMPipeline`` feeds it: mask, positions, ``beam_idx``) against ``model``'s."""
     import openvino as ov
 
     from qcore.export.openvino_genai import MODEL_XML
 
-    ids = window[:, :64] if window is not None else np.arange(3, 35, dtype=np.int64)[None]
+    ids = window[:, :64]
     request = ov.Core().compile_model(str(folder / MODEL_XML), "CPU").create_infer_request()
     request.reset_state()
     length = ids.shape[1]

@@ -1,0 +1,57 @@
+"""What a runtime's graph builder needs to know of a decoder port (:mod:`.llama`, :mod:`.gemma3`), as data: the
+norms around each block, the activation, the embedding scale, and each layer's attention window and rotary base.
+The native graph writers (:mod:`.ort_graph`) read this, not the port's classes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .config import Gemma3Config
+
+
+@dataclass(frozen=True)
+class DecoderLayout:
+    """A decoder's structure beyond its shapes (``cfg``).
+
+    Per layer: ``attn_norm`` before attention, ``attn_out_norm`` on its output (Gemma's ``post_attn_norm``),
+    ``ffn_norm`` before the feed-forward, ``ffn_out_norm`` on its output; ``None`` where the family has no such
+    norm. ``windows[i]``: keys layer ``i`` sees including its own (``None``: all); ``thetas[i]``: its rotary base.
+    """
+
+    cfg: Any
+    activation: str  # "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    embed_scale: float | None
+    qk_norm: bool
+    attention_scale: float
+    attn_norm: str
+    attn_out_norm: str | None
+    ffn_norm: str
+    ffn_out_norm: str | None
+    windows: tuple[int | None, ...]
+    thetas: tuple[float, ...]
+
+    @classmethod
+    def of(cls, model: Any) -> DecoderLayout:
+        cfg = model.cfg
+        layers = range(cfg.num_layers)
+        if isinstance(cfg, Gemma3Config):
+            return cls(cfg, "gelu_tanh", float(np.float32(math.sqrt(cfg.hidden_size))), True,
+                       cfg.query_scale if cfg.query_scale is not None else cfg.head_dim ** -0.5,
+                       "input_norm", "post_attn_norm", "pre_ffn_norm", "post_ffn_norm",
+                       tuple(None if cfg.is_global(i) else cfg.sliding_window for i in layers),
+                       tuple(cfg.rope_theta if cfg.is_global(i) else cfg.local_rope_theta for i in layers))
+        return cls(cfg, "silu", None, False, cfg.head_dim ** -0.5, "input_norm", None, "post_norm", None,
+                   (None,) * cfg.num_layers, (cfg.rope_theta,) * cfg.num_layers)
+
+
+def rotary_cache(theta: float, head_dim: int, positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """``cos, sin`` ``[positions, head_dim / 2]`` float32 of the rotary angles ``p * theta ** (-2i / head_dim)``,
+    computed as :func:`.common.inverse_frequencies` and :func:`.common.rotary_tables` compute them."""
+    dims = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    inv_freq = (1.0 / np.power(np.float32(theta), dims)).astype(np.float32)
+    angles = np.arange(positions, dtype=np.float32)[:, None] * inv_freq[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
