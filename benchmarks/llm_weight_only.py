@@ -52,14 +52,15 @@ from decoders.text import calibration_text, evaluation_text, token_windows  # no
 from qcore.deploy.host import describe_cpu  # noqa: E402
 from qcore.export.gather_nbits import BLOCK_DQ_OPSET  # noqa: E402
 from qcore.export.nbits import FLOAT_ACTIVATIONS, INT8_ACTIVATIONS, replace_matmuls  # noqa: E402
-from qcore.export.openvino_genai import name_decoder_io, write_openvino_genai_folder  # noqa: E402
+from qcore.export.openvino_genai import write_openvino_genai_folder  # noqa: E402
 from qcore.export.ortgenai import write_genai_folder  # noqa: E402
 from qcore.export.paddle2onnx_float import float_onnx  # noqa: E402
 from qcore.model_io import find_model_files  # noqa: E402
 from qptq.llm import gemma3, llama  # noqa: E402
 from qptq.llm.common import cache_names, export  # noqa: E402
+from qptq.llm.genai_folders import decoder_shape, tokenizer_files  # noqa: E402
 from qptq.llm.gguf_weights import read_gguf, read_metadata  # noqa: E402
-from qptq.llm.onnx_export import decoder_shape, tokenizer_files  # noqa: E402
+from qptq.llm.openvino_graph import decoder_model  # noqa: E402
 from qptq.llm.ort_graph import decoder_graph  # noqa: E402
 from qptq.weight_only import WeightOnlyConfig, quantize_  # noqa: E402
 
@@ -361,11 +362,8 @@ def build_ours(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
     shape = decoder_shape(fresh, read_metadata(source))
     paths["onnxruntime-genai"] = write_genai_folder(bench.work / name / "genai", decoder_graph(fresh, result), shape,
                                                     text, tokenizer_config, THREADS)
-    ov_form = onnx.load(str(paths["openvino"]))  # the table in the OpenVINO runtime's form
-    name_decoder_io(ov_form, fresh.cfg.num_layers)
-    ov_onnx = save(ov_form, bench.work / name / "openvino-genai-src" / "model.onnx")
-    paths["openvino-genai"] = write_openvino_genai_folder(bench.work / name / "openvino-genai", ov_onnx, shape,
-                                                          text, tokenizer_config)
+    paths["openvino-genai"] = write_openvino_genai_folder(bench.work / name / "openvino-genai",
+                                                          decoder_model(fresh, result), shape, text, tokenizer_config)
     if config.embedding_bits:  # the table in the form the OpenVINO runtime keeps compressed (opset 21)
         ov_model = bench.float_model_at(BLOCK_DQ_OPSET)
         replace_matmuls(ov_model, codes, input_scales, INT8_ACTIVATIONS, "openvino-runtime")

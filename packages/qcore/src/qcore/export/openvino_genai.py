@@ -1,15 +1,11 @@
-"""A decoder's ONNX decode step as an OpenVINO GenAI folder: a stateful IR (``openvino_model.xml`` / ``.bin``) with the
-tokenizer and detokenizer IRs of ``openvino-tokenizers``, which ``openvino_genai.LLMPipeline(folder, "CPU")`` runs
-with no code of the user's.
+"""A decoder as an OpenVINO GenAI folder: a stateful IR (``openvino_model.xml`` / ``.bin``) with the tokenizer and
+detokenizer IRs of ``openvino-tokenizers``, which ``openvino_genai.LLMPipeline(folder, "CPU")`` runs with no code
+of the user's.
 
-The graph is a decode step with an explicit KV cache (paddle2onnx's export of a decoder's PIR decode program,
-weights replaced by :mod:`.nbits`), named by :func:`name_decoder_io`: ``input_ids``, ``past_key_<i>`` /
-``past_value_<i>`` in, ``logits`` and ``present_*`` out. Read by the OpenVINO runtime's ONNX frontend
-(``MatMulNBits`` become its compressed weights), it gets the inputs the pipeline feeds: ``attention_mask`` and
-``position_ids`` (unused: the graph derives masks and positions from the cache length, so generation is batch 1
-without padding) and ``beam_idx``, which reorders each cache along the batch before use; then OpenVINO's make-
-stateful transformation turns every past/present pair into a state variable, so the cache stays inside the model
-between steps.
+The decoder comes as an ``openvino.Model`` (``qptq.llm.openvino_graph`` writes it) with the inputs the pipeline
+feeds (``input_ids``, ``attention_mask``, ``position_ids``, ``beam_idx``) and its KV cache as ``past_*``
+parameters and ``present_*`` results; OpenVINO's make-stateful transformation turns every pair into a state
+variable, so the cache stays inside the model between steps.
 """
 
 from __future__ import annotations
@@ -28,24 +24,6 @@ from .quiet import quiet_loggers
 MODEL_XML = "openvino_model.xml"
 
 
-def name_decoder_io(model: Any, layers: int) -> None:
-    """Rename ``model``'s outputs in place: the first to ``logits``, then ``present_key_<i>``,
-    ``present_value_<i>`` per layer (one line when the graph does not have ``1 + 2 * layers`` outputs)."""
-    outputs = list(model.graph.output)
-    if len(outputs) != 1 + 2 * layers:
-        raise ConfigError(f"the decoder graph has {len(outputs)} outputs; a {layers}-layer decode step has "
-                          f"{1 + 2 * layers} (logits, then a key and a value per layer)")
-    names = ["logits"] + [f"present_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
-    renamed = {old.name: new for old, new in zip(outputs, names)}
-    for node in model.graph.node:
-        for field in (node.input, node.output):
-            for k, value in enumerate(field):
-                if value in renamed:
-                    field[k] = renamed[value]
-    for output in outputs:
-        output.name = renamed[output.name]
-
-
 def require_openvino_genai() -> None:
     """One line naming what to install when the converter's packages are missing."""
     import importlib.util
@@ -56,30 +34,26 @@ def require_openvino_genai() -> None:
                           "of paddle-quant-core (openvino-genai, openvino-tokenizers[transformers])")
 
 
-def stateful_model(onnx_path: Path) -> Any:
-    """The OpenVINO model of the decode step in ``onnx_path``, with the pipeline's inputs and the cache as state."""
+def make_stateful(model: Any) -> Any:
+    """``model`` (an ``openvino.Model`` with a ``past_<name>`` parameter and a ``present_<name>`` result per cache
+    tensor, batch first, and an ``input_ids`` input) with every such pair turned into a state variable, in place.
+
+    Each state starts as zeros of ``[batch of input_ids, fixed dims, 0 for the dynamic ones]``: the CPU plugin
+    compiles a state read into its fused cached attention only with such an initial value."""
     import numpy as np
-    import openvino as ov
     from openvino import opset13 as ops
     from openvino._offline_transformations import apply_make_stateful_transformation
 
-    model = ov.Core().read_model(str(onnx_path))
-    past = [p for p in model.get_parameters() if p.get_friendly_name().startswith("past_")]
-    extra = []
-    for name, shape, kind in (("beam_idx", [-1], ov.Type.i32), ("attention_mask", [-1, -1], ov.Type.i64),
-                              ("position_ids", [-1, -1], ov.Type.i64)):
-        parameter = ops.parameter(shape, kind, name=name)
-        parameter.output(0).set_names({name})
-        extra.append(parameter)
-    beam = extra[0]
-    for parameter in past:  # every reader of a cache reads it reordered by beam_idx
-        readers = list(parameter.output(0).get_target_inputs())
-        reordered = ops.gather(parameter, beam, ops.constant(np.int64(0)))
-        for reader in readers:
-            reader.replace_source_output(reordered.output(0))
-    model.add_parameters(extra)
-    apply_make_stateful_transformation(
-        model, {p.get_friendly_name(): p.get_friendly_name().replace("past_", "present_", 1) for p in past})
+    names = [p.get_friendly_name() for p in model.get_parameters() if p.get_friendly_name().startswith("past_")]
+    apply_make_stateful_transformation(model, {name: name.replace("past_", "present_", 1) for name in names})
+    batch = ops.gather(ops.shape_of(model.input("input_ids"), "i64"), ops.constant(np.array([0], np.int64)),
+                       ops.constant(np.int64(0)))
+    for op in model.get_ops():
+        if op.get_type_name() == "ReadValue":
+            dims = [batch] + [ops.constant(np.array([d.get_min_length()], np.int64))
+                              for d in list(op.get_output_partial_shape(0))[1:]]
+            zero = ops.constant(np.zeros((), op.get_output_element_type(0).to_dtype()))
+            op.set_arguments([ops.broadcast(zero, ops.concat(dims, 0))])
     model.validate_nodes_and_infer_types()
     return model
 
@@ -96,14 +70,13 @@ def tokenizer_models(tokenizer_json: str, tokenizer_config: Mapping[str, Any]) -
         return convert_tokenizer(wrapped, with_detokenizer=True, skip_special_tokens=True)
 
 
-def write_openvino_genai_folder(out_dir: str | os.PathLike[str], onnx_path: Path, shape: DecoderShape,
+def write_openvino_genai_folder(out_dir: str | os.PathLike[str], model: Any, shape: DecoderShape,
                                 tokenizer_json: str, tokenizer_config: Mapping[str, Any]) -> Path:
-    """Write the folder (staged: every file or none); ``onnx_path`` a decode step named as
-    :func:`name_decoder_io` names it, its weights beside it."""
+    """Write the folder (staged: every file or none); ``model`` a decoder as :func:`make_stateful` takes it."""
     import openvino as ov
 
     require_openvino_genai()
-    model = stateful_model(onnx_path)
+    model = make_stateful(model)
     tokenizer, detokenizer = tokenizer_models(tokenizer_json, tokenizer_config)
     ids = {"bos_token_id": shape.bos_token_id, "eos_token_id": shape.eos_token_id,
            "pad_token_id": shape.pad_token_id if shape.pad_token_id is not None else shape.eos_token_id}

@@ -55,3 +55,14 @@ def rotary_cache(theta: float, head_dim: int, positions: int) -> tuple[np.ndarra
     inv_freq = (1.0 / np.power(np.float32(theta), dims)).astype(np.float32)
     angles = np.arange(positions, dtype=np.float32)[:, None] * inv_freq[None, :]
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def parameters_and_codes(model: Any, result: Any
+                         ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
+    """``model``'s parameters, and ``result``'s codes and AWQ input scales (a
+    :class:`qptq.weight_only.plan.WeightOnlyResult`), all by parameter name (``layers.0.attn.q_proj.weight``)."""
+    state = {name: value.numpy() for name, value in model.state_dict().items()}
+    codes = {f"{layer.name}.weight": result.codes[layer.weight] for layer in result.layers}
+    scales = {f"{layer.name}.weight": result.input_scales[layer.weight] for layer in result.layers
+              if layer.weight in result.input_scales}
+    return state, codes, scales

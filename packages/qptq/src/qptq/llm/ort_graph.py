@@ -28,7 +28,7 @@ from qcore.export.ortgenai import INPUTS, OUTPUTS
 from qcore.groupwise import GroupCodes, join_outputs
 
 from ..weight_only.plan import WeightOnlyResult
-from .layout import DecoderLayout, rotary_cache
+from .layout import DecoderLayout, parameters_and_codes, rotary_cache
 
 OPSET = 17
 
@@ -236,8 +236,4 @@ class _DecoderWriter:
 def decoder_graph(model: Any, result: WeightOnlyResult, accuracy_level: int = INT8_ACTIVATIONS) -> Any:
     """The ONNX graph (``onnx.ModelProto``) of ``model`` (a :mod:`qptq.llm` port quantized in place by
     :func:`qptq.weight_only.quantize_`, ``grid="int"``) with ``result``'s codes."""
-    state = {name: value.numpy() for name, value in model.state_dict().items()}
-    codes = {f"{layer.name}.weight": result.codes[layer.weight] for layer in result.layers}
-    scales = {f"{layer.name}.weight": result.input_scales[layer.weight] for layer in result.layers
-              if layer.weight in result.input_scales}
-    return _DecoderWriter(DecoderLayout.of(model), state, codes, scales, accuracy_level).build()
+    return _DecoderWriter(DecoderLayout.of(model), *parameters_and_codes(model, result), accuracy_level).build()

@@ -9,12 +9,14 @@ array or windows) or plain text, cut into windows with the file's own tokenizer.
   ``group_size=32``), metadata and tokenizer from the source. Verified by reading the written file back with the
   ``gguf`` package and comparing every tensor with the simulation (bit-exact), and, where ``llama-cpp-python`` is
   installed, llama.cpp's logits against the simulation's on a calibration window.
-* ``"openvino-genai"``: an OpenVINO GenAI folder (:mod:`qcore.export.openvino_genai`): the stateful IR (the KV
-  cache as state) and the tokenizer IRs. Verified by the IR's logits in the OpenVINO runtime (its default
-  precision: bf16 where the CPU has it) against the simulation's.
-* ``"onnxruntime-genai"``: an ONNX Runtime GenAI folder (:mod:`.onnx_export`): ``MatMulNBits`` on the ``"int"``
-  grids, ``genai_config.json``, the tokenizer. Verified by the logits of ``onnxruntime_genai`` (where installed,
-  else ONNX Runtime's session on the same file) against the simulation's on a calibration window.
+* ``"openvino-genai"``: an OpenVINO GenAI folder (:mod:`.genai_folders`): the stateful model :mod:`.openvino_graph`
+  writes (codes as compressed ``u4`` / ``u8`` constants, the KV cache as state) and the tokenizer IRs. Verified by
+  the IR's logits in the OpenVINO runtime (its default precision: bf16 where the CPU has it) against the
+  simulation's.
+* ``"onnxruntime-genai"``: an ONNX Runtime GenAI folder (:mod:`.genai_folders`): the graph :mod:`.ort_graph`
+  writes (``MatMulNBits`` on the ``"int"`` grids, ``GroupQueryAttention``), ``genai_config.json``, the tokenizer.
+  Verified by the logits of ``onnxruntime_genai`` (where installed, else ONNX Runtime's session on the same file)
+  against the simulation's on a calibration window.
 
 Every problem with the input is one :class:`~qcore.errors.ConfigError` line before any work.
 """
@@ -174,8 +176,8 @@ def quantize_llm(source: str | os.PathLike[str], out: str | os.PathLike[str], co
         verified = verify_gguf(written, model, window)
         size = written.stat().st_size
     else:
+        from .genai_folders import save_openvino_genai, save_ortgenai
         from .gguf_weights import read_metadata
-        from .onnx_export import save_openvino_genai, save_ortgenai
 
         save, verify = ((save_ortgenai, verify_ortgenai) if format == "onnxruntime-genai"
                         else (save_openvino_genai, verify_openvino_genai))

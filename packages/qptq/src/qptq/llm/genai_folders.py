@@ -1,41 +1,23 @@
 """A weight-only quantized decoder (:mod:`.llama`, :mod:`.gemma3`) as a runtime's LLM folder, with the tokenizer of
 the GGUF the model was read from: ONNX Runtime GenAI's (:mod:`qcore.export.ortgenai`) holds the graph
-:mod:`.ort_graph` writes with ONNX Runtime's contrib ops; OpenVINO GenAI's (:mod:`qcore.export.openvino_genai`)
-the stateful IR of the PIR decode step (explicit KV cache) through paddle2onnx, matmuls swapped for
-``MatMulNBits`` and the table for the OpenVINO runtime's quantized lookup (:mod:`qcore.export.nbits`)."""
+:mod:`.ort_graph` writes with ONNX Runtime's contrib ops; OpenVINO GenAI's (:mod:`qcore.export.openvino_genai`) the
+stateful model :mod:`.openvino_graph` writes."""
 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from qcore.export.gather_nbits import BLOCK_DQ_OPSET
-from qcore.export.nbits import INT8_ACTIVATIONS, replace_matmuls
-from qcore.export.openvino_genai import name_decoder_io, write_openvino_genai_folder
-from qcore.export.ortgenai import MODEL_FILE, DecoderShape, write_genai_folder
-from qcore.export.paddle2onnx_float import float_onnx
-from qcore.model_io import find_model_files
+from qcore.export.openvino_genai import write_openvino_genai_folder
+from qcore.export.ortgenai import DecoderShape, write_genai_folder
 
 from ..weight_only.plan import WeightOnlyResult
-from .common import export
 from .config import Gemma3Config
 from .ort_graph import decoder_graph
 
 #: GenAI's model family per decoder config class (its ``type``): both run as its generic decoder-only model.
 GENAI_TYPES = {Gemma3Config: "gemma3_text"}
-
-
-def decoder_onnx(model: Any, result: WeightOnlyResult, accuracy_level: int = INT8_ACTIVATIONS) -> Any:
-    """The ONNX decode step of ``model`` (quantized in place, ``grid="int"``) through paddle2onnx, with
-    ``result``'s codes, the quantized table in the OpenVINO runtime's form (opset 21)."""
-    with tempfile.TemporaryDirectory(prefix="qptq-llm-") as tmp:
-        export(model, tmp)
-        onnx_model = float_onnx(find_model_files(Path(tmp) / "decode"), BLOCK_DQ_OPSET)
-    replace_matmuls(onnx_model, result.codes, result.input_scales, accuracy_level, "openvino-runtime")
-    name_decoder_io(onnx_model, model.cfg.num_layers)
-    return onnx_model
 
 
 def tokenizer_files(tokenizer: Any, metadata: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -76,13 +58,9 @@ def save_ortgenai(model: Any, result: WeightOnlyResult, tokenizer: Any, metadata
 
 def save_openvino_genai(model: Any, result: WeightOnlyResult, tokenizer: Any, metadata: dict[str, Any],
                         out: str | os.PathLike[str]) -> Path:
-    """Write the OpenVINO GenAI folder ``out`` of ``model`` (quantized in place, ``grid="int"``): the stateful IR
-    of its ONNX decode step (the table in the OpenVINO runtime's form) and the tokenizer IRs."""
-    import onnx
+    """Write the OpenVINO GenAI folder ``out`` of ``model`` (quantized in place, ``grid="int"``): its stateful
+    model and the tokenizer IRs."""
+    from .openvino_graph import decoder_model
 
     text, config = tokenizer_files(tokenizer, metadata)
-    with tempfile.TemporaryDirectory(prefix="qptq-ovgenai-") as tmp:
-        path = Path(tmp) / MODEL_FILE
-        onnx.save(decoder_onnx(model, result), str(path), save_as_external_data=True,
-                  location=MODEL_FILE + ".data")
-        return write_openvino_genai_folder(out, path, decoder_shape(model, metadata), text, config)
+    return write_openvino_genai_folder(out, decoder_model(model, result), decoder_shape(model, metadata), text, config)
