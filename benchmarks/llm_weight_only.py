@@ -9,14 +9,14 @@ runtime (our own loop over the cache), ONNX Runtime GenAI and OpenVINO GenAI (th
 
 The reference is the GGUF weights dequantized to float32 (SmolLM2-135M-Instruct's are Q4_1: already about
 4.5-bit), so every loss below is against that reference, not against the original float checkpoint. Our ONNX
-variants are one float ONNX export of the Paddle port's decode model (``input_ids`` + the KV cache -> logits +
-the new cache; prefill is the same model with an empty cache) with its MatMuls swapped for ``MatMulNBits`` by
-weight name, also written as a GenAI folder for each GenAI runtime; ONNX Runtime's ``MatMulNBitsQuantizer``
-rewrites the same file. GGUF variants: ours from ``quantize_llm(format="gguf")``, llama.cpp's own from
+variants (own loop: ``onnxruntime``, ``openvino``) are one float ONNX export of the Paddle port's decode model
+(``input_ids`` + the KV cache -> logits + the new cache; prefill is the same model with an empty cache) with its
+MatMuls swapped for ``MatMulNBits`` by weight name; ONNX Runtime's ``MatMulNBitsQuantizer`` rewrites the same
+file. The same codes are written for the GenAI runtimes as their own graphs (``qptq.llm.ort_graph``,
+``qptq.llm.openvino_graph``). GGUF variants: ours from ``quantize_llm(format="gguf")``, llama.cpp's own from
 ``llama_model_quantize`` on the float32 reference written as GGUF, the data-aware ones on the same calibration
-sequences. NNCF is not a row: run on the OpenVINO model read from this ONNX file it scores perplexity 1e8,
-which is not what its users get (they run it through optimum-intel on a Hugging Face checkpoint); that route
-is not built here yet.
+sequences. ``nncf``: ``nncf.compress_weights`` (AWQ + scale estimation) on the float OpenVINO model of the
+OpenVINO GenAI route, run in OpenVINO GenAI (optimum-intel, its users' usual entry, needs torch).
 Perplexity over ``--windows`` windows of 512 tokens of evaluation text, greedy agreement the share of 8
 prompts x ``--new-tokens`` greedy tokens equal to the float model's on the same runtime, decode tokens/s batch
 1 through the cache, prefill tokens/s on a 512-token prompt; 2 threads; timings interleaved round by round,
@@ -504,19 +504,55 @@ def build_a8w8(bench: Bench, name: str) -> tuple[Path, str]:
         "float table for the lookup beside its int8 copy) and int8 activations per tensor")
 
 
+def build_nncf(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
+    """NNCF's weight compression as optimum-intel calls it for an LLM (``nncf.compress_weights`` on the float
+    OpenVINO model: int4 asymmetric, groups of 128 adjusted where a width is no multiple, AWQ + scale estimation
+    on the calibration windows, its default int8 backup for the table and head), on the float model this toolkit
+    writes for OpenVINO GenAI (optimum-intel needs torch, which is not installed here), in the same folder form."""
+    import nncf
+    from nncf.quantization.advanced_parameters import AdvancedCompressionParameters
+
+    from qptq.weight_only.plan import WeightOnlyResult
+
+    fresh, _ = bench.load()
+    model = decoder_model(fresh, WeightOnlyResult())  # float: every weight a float32 constant
+    cfg = fresh.cfg
+    empty = np.zeros((1, cfg.num_kv_heads, 0, cfg.head_dim), np.float32)
+
+    def feed(window: np.ndarray) -> dict[str, np.ndarray]:
+        length = window.shape[1]
+        return {"input_ids": window, "attention_mask": np.ones_like(window), "beam_idx": np.zeros(1, np.int32),
+                "position_ids": np.arange(length, dtype=np.int64)[None],
+                **{f"past_{k}_{i}": empty for i in range(cfg.num_layers) for k in ("key", "value")}}
+
+    calibration = [feed(w) for w in bench.calibration]
+    compressed = nncf.compress_weights(
+        model, mode=nncf.CompressWeightsMode.INT4_ASYM, group_size=128, ratio=1.0, awq=True, scale_estimation=True,
+        dataset=nncf.Dataset(calibration), subset_size=len(calibration),
+        advanced_parameters=AdvancedCompressionParameters(
+            group_size_fallback_mode=nncf.GroupSizeFallbackMode.ADJUST))
+    source = MODELS[bench.args.model][2]()
+    text, tokenizer_config = tokenizer_files(bench.tokenizer, read_metadata(source))
+    folder = write_openvino_genai_folder(bench.work / name / "openvino-genai", compressed,
+                                         decoder_shape(fresh, read_metadata(source)), text, tokenizer_config)
+    return {"openvino-genai": folder}, (
+        f"{name}: NNCF {nncf.__version__} compress_weights(INT4_ASYM, group 128 adjusted, AWQ + scale estimation, "
+        f"{len(calibration)} calibration windows, int8 backup for the table) on the float OpenVINO model")
+
+
 #: ``--variants`` names standing for several variants.
 ALIASES = {"ort": ("ort-rtn", "ort-gptq")}
 BUILDERS: dict[str, Callable[[Bench, str], tuple[dict[str, Path], str]]] = {
     **{name: build_ours for name in OURS}, "ort-rtn": build_ort, "ort-gptq": build_ort,
     **{name: build_a8w8 for name in A8W8}, **{name: build_gguf for name in OURS_GGUF},
-    **{name: build_llamacpp for name in LLAMACPP_FTYPES}}
+    **{name: build_llamacpp for name in LLAMACPP_FTYPES}, "nncf": build_nncf}
 LLAMA_CPP = (*OURS_GGUF, *LLAMACPP_FTYPES)
 #: Where each variant runs: ours everywhere, the float model also at f32 on the OpenVINO runtime (its default
 #: is bf16 where the CPU has it), the peers on their own runtime.
 RUNTIMES: dict[str, list[tuple[str, str | None]]] = {
     "float": [("onnxruntime", None), ("openvino", "f32"), ("openvino", None), ("llama.cpp", None)],
     "ort-rtn": [("onnxruntime", None)], "ort-gptq": [("onnxruntime", None)],
-    "a8w8": [("onnxruntime", None)], "a8w8-ov": [("openvino", None)],
+    "a8w8": [("onnxruntime", None)], "a8w8-ov": [("openvino", None)], "nncf": [("openvino-genai", None)],
     **{name: [("llama.cpp", None)] for name in LLAMA_CPP}}
 
 
@@ -550,7 +586,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2", choices=sorted(MODELS))
     parser.add_argument("--text", type=Path, default=None, help="evaluation text (default: the KJV New Testament)")
     parser.add_argument("--calib-text", type=Path, default=None, help="calibration text (default: the Old Testament)")
-    parser.add_argument("--variants", default=",".join(["float", *OURS, "ort-rtn", "ort-gptq", *OURS_GGUF,
+    parser.add_argument("--variants", default=",".join(["float", *OURS, "ort-rtn", "ort-gptq", "nncf", *OURS_GGUF,
                                                         *LLAMACPP_FTYPES]))
     parser.add_argument("--windows", type=int, default=8, help="evaluation windows of 512 tokens")
     parser.add_argument("--calib-seqs", type=int, default=64, help="calibration sequences of 256 tokens")
