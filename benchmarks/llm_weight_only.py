@@ -60,7 +60,7 @@ from qptq.llm import gemma3, llama  # noqa: E402
 from qptq.llm.common import cache_names, export  # noqa: E402
 from qptq.llm.genai_folders import decoder_shape, tokenizer_files  # noqa: E402
 from qptq.llm.gguf_weights import read_gguf, read_metadata  # noqa: E402
-from qptq.llm.openvino_graph import decoder_model  # noqa: E402
+from qptq.llm.openvino_graph import ROTARY, decoder_model  # noqa: E402
 from qptq.llm.ort_graph import decoder_graph  # noqa: E402
 from qptq.weight_only import WeightOnlyConfig, quantize_  # noqa: E402
 
@@ -529,6 +529,7 @@ def build_nncf(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
     compressed = nncf.compress_weights(
         model, mode=nncf.CompressWeightsMode.INT4_ASYM, group_size=128, ratio=1.0, awq=True, scale_estimation=True,
         dataset=nncf.Dataset(calibration), subset_size=len(calibration),
+        ignored_scope=nncf.IgnoredScope(patterns=[f"{ROTARY}.*"]),  # position tables, not weights
         advanced_parameters=AdvancedCompressionParameters(
             group_size_fallback_mode=nncf.GroupSizeFallbackMode.ADJUST))
     source = MODELS[bench.args.model][2]()

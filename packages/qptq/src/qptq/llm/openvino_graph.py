@@ -27,6 +27,9 @@ from qcore.groupwise import GroupCodes
 from ..weight_only.plan import WeightOnlyResult
 from .layout import DecoderLayout, parameters_and_codes, rotary_cache
 
+#: Name prefix of the lookups of the rotary tables (a weight compressor must leave them alone: they are no
+#: embedding table).
+ROTARY = "rotary_table"
 #: Added to the scores of hidden keys (``exp`` of it is 0 in float32 and bf16).
 MASKED = -1e30
 
@@ -48,10 +51,10 @@ def _constant(values: np.ndarray, kind: str) -> Any:
     return ov.op.Constant(tensor)
 
 
-def decompressed(q: GroupCodes) -> Any:
-    """The ``[N, K]`` float32 weight of the ``[K, N]`` codes ``q`` as the decompression subgraph the CPU plugin keeps
-    compressed: unsigned codes ``[N, groups, group]`` and zero points ``[N, groups, 1]`` (the symmetric grids'
-    implicit ``2 ** (bits - 1)``), steps ``[N, groups, 1]`` float32 (exactly :meth:`GroupCodes.dequantize`)."""
+def compressed_constants(q: GroupCodes) -> tuple[Any, Any, Any]:
+    """The constants of the ``[K, N]`` codes ``q``: unsigned codes ``[N, groups, group]`` and zero points ``[N,
+    groups, 1]`` (``u4`` / ``u8``; the symmetric grids' implicit ``2 ** (bits - 1)`` written out), steps ``[N,
+    groups, 1]`` float32."""
     ops = _ops()
     k, n = q.codes.shape
     groups, kind = k // q.group_size, "u4" if q.bits == 4 else "u8"
@@ -60,9 +63,17 @@ def decompressed(q: GroupCodes) -> Any:
     zero = (np.full((n, groups, 1), shift, np.uint8) if q.zero_points is None
             else np.ascontiguousarray(q.zero_points.T, np.uint8)[..., None])
     steps = ops.constant(np.ascontiguousarray(q.scales.T, np.float32)[..., None])
-    centred = ops.subtract(ops.convert(_constant(codes, kind), "f32"), ops.convert(_constant(zero, kind), "f32"))
-    weight = ops.multiply(centred, steps)
-    return ops.reshape(weight, ops.constant(np.array([n, k], np.int64)), special_zero=False)
+    return _constant(codes, kind), _constant(zero, kind), steps
+
+
+def decompressed(constants: tuple[Any, Any, Any]) -> Any:
+    """The ``[N, K]`` float32 weight of :func:`compressed_constants` as the decompression subgraph the CPU plugin
+    keeps compressed, ``(codes - zero) * step`` (exactly :meth:`GroupCodes.dequantize`)."""
+    ops = _ops()
+    codes, zero, steps = constants
+    n, groups, group = codes.get_output_shape(0)
+    weight = ops.multiply(ops.subtract(ops.convert(codes, "f32"), ops.convert(zero, "f32")), steps)
+    return ops.reshape(weight, ops.constant(np.array([n, groups * group], np.int64)), special_zero=False)
 
 
 class _DecoderWriter:
@@ -72,11 +83,12 @@ class _DecoderWriter:
                  input_scales: dict[str, np.ndarray]) -> None:
         self.layout, self.cfg, self.state = layout, layout.cfg, state
         self.codes, self.input_scales = codes, input_scales
+        self._table: Any = None
 
     def weight(self, name: str) -> Any:
         """The ``[out, in]`` weight of the ``[in, out]`` parameter ``name`` (codes decompressed, or float)."""
         if name in self.codes:
-            return decompressed(self.codes[name])
+            return decompressed(compressed_constants(self.codes[name]))
         return _ops().constant(np.ascontiguousarray(self.state[name].T, np.float32))
 
     def linear(self, x: Any, name: str) -> Any:
@@ -172,12 +184,14 @@ class _DecoderWriter:
         return rows
 
     def table(self) -> Any:
-        """The ``[vocab, hidden]`` table: its codes decompressed (a separate subgraph for each reader, so the plugin
-        keeps each compressed), or float."""
+        """The ``[vocab, hidden]`` table, its constants shared by the lookup and the tied head: the codes (of the
+        transposed table: ``[vocab, hidden]`` already) decompressed for each reader, so the plugin keeps both
+        compressed, or one float constant."""
         name = "embed_tokens.weight"
-        if name in self.codes:
-            return decompressed(self.codes[name])  # the codes of the transposed table: [vocab, hidden] already
-        return _ops().constant(np.ascontiguousarray(self.state[name], np.float32))
+        if self._table is None:
+            self._table = (compressed_constants(self.codes[name]) if name in self.codes
+                           else _ops().constant(np.ascontiguousarray(self.state[name], np.float32)))
+        return decompressed(self._table) if name in self.codes else self._table
 
     def head(self, x: Any) -> Any:
         ops = _ops()
@@ -205,7 +219,8 @@ class _DecoderWriter:
             tables = rotary_cache(theta, cfg.head_dim, cfg.context_length)
             rotary[theta] = tuple(  # [batch, 1, seq, head_dim]: each frequency for both halves
                 ops.unsqueeze(ops.gather(ops.constant(np.concatenate([t, t], axis=1)), io["position_ids"],
-                                         ops.constant(np.int64(0))), ops.constant(np.int64(1))) for t in tables)
+                                         ops.constant(np.int64(0)), name=f"{ROTARY}.{kind}.{theta:g}"),
+                              ops.constant(np.int64(1))) for kind, t in zip(("cos", "sin"), tables))
 
         h = self.embedding(io["input_ids"])
         results = []
