@@ -111,3 +111,30 @@ def test_one_command_writes_an_openvino_genai_folder_the_pipeline_runs(checkpoin
     result = ovg.LLMPipeline(str(out), "CPU").generate(["w1 w2 w3"], config)
     assert len(result.texts) == 1 and result.texts[0]
     assert "an OpenVINO GenAI folder" in printed
+
+
+def test_a_per_tensor_rule_of_the_users_sets_the_block_types(checkpoint, tmp_path, capsys):
+    source, _ = checkpoint
+    out = tmp_path / "mix.gguf"
+    code = main(["ptq", "dynamic", str(source), str(out), "--bits", "4", "--symmetric",
+                 "--bits-for", r"attn\.v_proj|mlp\.down_proj=8"])
+    assert code == 0, capsys.readouterr().err
+    report = json.loads((tmp_path / "mix.gguf.report.json").read_text())
+    grids = {layer["name"]: layer["grid"] for layer in report["layers"]}
+    assert {n for n, g in grids.items() if g == "Q8_0"} == {f"layers.{i}.{p}" for i in range(2)
+                                                             for p in ("attn.v_proj", "mlp.down_proj")}
+    # v 64x32 and down 128x64 per layer in Q8_0, the other linears Q4_0
+    assert report["weights_per_type"] == {"Q8_0": 2 * (64 * 32 + 128 * 64),
+                                          "Q4_0": 2 * (2 * 64 * 64 + 64 * 32 + 2 * 64 * 128)}
+
+
+@pytest.mark.parametrize(("rule", "message"), [
+    ("v_proj=3", "bits_by_name['v_proj']=3 is not supported"),
+    ("v_proj(=8", "bits_by_name pattern 'v_proj(' is not a regular expression"),
+    ("v_proj", "--bits-for 'v_proj' is not PATTERN=BITS"),
+])
+def test_a_bad_per_tensor_rule_is_one_line(checkpoint, tmp_path, capsys, rule, message):
+    source, _ = checkpoint
+    assert main(["ptq", "dynamic", str(source), str(tmp_path / "o.gguf"), "--bits", "4", "--bits-for", rule]) != 0
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o.gguf").exists()

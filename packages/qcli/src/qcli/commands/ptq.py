@@ -56,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         help="calibrate a decoder's layers one after another on the quantized layers' outputs "
                              "(GPTQ's order; Python layers and LLM checkpoints)")
     groups.add_argument("--ratio", type=float, default=1.0, help="share of weights at 4 bits, the rest int8")
+    groups.add_argument("--bits-for", action="append", default=[], metavar="PATTERN=BITS",
+                        help="your own per-tensor rule, repeatable: linears whose name matches the regular "
+                             "expression get BITS (e.g. 'v_proj|down_proj=8'); the first match decides")
     groups.add_argument("--embedding-bits", type=int, default=None, choices=[4, 8],
                         help="also the embedding tables (and an LM head tied to one): int4 or int8 groups")
     groups.add_argument("--group-size-fallback", default="error", choices=["error", "adjust", "ignore"],
@@ -148,7 +151,18 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _grouped(args: argparse.Namespace) -> bool:
     return args.weight_bits == 4 or args.group_size is not None or args.algo is not None or args.awq \
-        or args.clip_search or args.embedding_bits is not None
+        or args.clip_search or args.embedding_bits is not None or bool(args.bits_for)
+
+
+def _bits_for(rules: list[str]) -> dict[str, int]:
+    """``--bits-for PATTERN=BITS`` options as ``WeightOnlyConfig.bits_by_name`` (one line for a malformed one)."""
+    parsed = {}
+    for rule in rules:
+        pattern, _, bits = rule.rpartition("=")
+        if not pattern or not bits.isdigit():
+            raise ConfigError(f"--bits-for {rule!r} is not PATTERN=BITS; write e.g. --bits-for 'v_proj|down_proj=8'")
+        parsed[pattern] = int(bits)
+    return parsed
 
 
 def run_dynamic(args: argparse.Namespace) -> int:
@@ -181,7 +195,7 @@ def _run_weight_only(args: argparse.Namespace, source: ModelFiles) -> int:
         bits=args.weight_bits, group_size=128 if args.group_size is None else args.group_size,
         symmetric=args.symmetric, algo=args.algo or "rtn", awq=args.awq, clip_search=args.clip_search,
         ratio=args.ratio, group_size_fallback=args.group_size_fallback, embedding_bits=args.embedding_bits,
-        sequential=args.sequential,
+        sequential=args.sequential, bits_by_name=_bits_for(args.bits_for),
     )
     samples = None if args.data is None else sample_source(args.data, lambda: _sample_shape(source, None))
     start = time.perf_counter()
@@ -227,7 +241,7 @@ def _run_llm(args: argparse.Namespace) -> int:
         bits=args.weight_bits, group_size=args.group_size or (32 if grid == "gguf" else 128),
         symmetric=args.symmetric, algo=args.algo or "rtn", clip_search=args.clip_search, awq=args.awq,
         ratio=args.ratio, group_size_fallback=args.group_size_fallback, embedding_bits=args.embedding_bits,
-        grid=grid, sequential=args.sequential)
+        grid=grid, sequential=args.sequential, bits_by_name=_bits_for(args.bits_for))
     start = time.perf_counter()
     done = quantize_llm(args.model, args.out, config, args.data, format=fmt, show_progress=True)
     seconds = time.perf_counter() - start

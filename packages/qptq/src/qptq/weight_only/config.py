@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from qcore.config import validate_choice
 from qcore.errors import ConfigError
@@ -19,7 +19,7 @@ SMALLEST_ADJUSTED_GROUP = 32
 
 @dataclass(frozen=True)
 class WeightOnlyConfig:
-    """What weight-only quantization (:func:`qptq.weight_only.layer.quantize_`) does.
+    r"""What weight-only quantization (:func:`qptq.weight_only.layer.quantize_`) does.
 
     ``bits`` 4 or 8; ``group_size`` input channels per step (-1: per output channel); asymmetric (zero
     points) unless ``symmetric``; ``algo`` ``"rtn"`` (round to nearest) or ``"gptq"``; ``awq``
@@ -33,7 +33,10 @@ class WeightOnlyConfig:
     ``group_size=32``: ``Q4_0`` / ``Q5_0`` / ``Q8_0`` symmetric, ``Q4_1`` / ``Q5_1`` otherwise; no AWQ, whose input
     scales a GGUF file cannot hold). ``sequential``: a decoder's layers (its longest ``LayerList``) are
     calibrated one after another, each on the outputs of the layers already quantized (GPTQ's order), instead
-    of every Hessian from one float pass; mixed precision then applies within each layer.
+    of every Hessian from one float pass; mixed precision then applies within each layer. ``bits_by_name``: the
+    user's own per-tensor rule, regular expression -> bits (the first whose pattern a linear's full name matches
+    decides; e.g. ``{r"attn\.v_proj|mlp\.down_proj": 8}``, in the spirit of llama.cpp's ``Q4_K_M`` mix); those
+    linears are outside ``ratio``'s choice.
     """
 
     bits: int = 4
@@ -48,6 +51,7 @@ class WeightOnlyConfig:
     embedding_bits: int | None = None
     grid: str = "int"
     sequential: bool = False
+    bits_by_name: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         validate_choice("grid", self.grid, GRID_FAMILIES)
@@ -66,11 +70,18 @@ class WeightOnlyConfig:
         if not 0.0 < self.ratio <= 1.0:
             raise ConfigError(f"ratio={self.ratio!r} is not valid; use the share of weights at {self.bits} bits, "
                               "in (0, 1]")
-        for pattern in self.skip:
+        for kind, pattern in [("skip", p) for p in self.skip] + [("bits_by_name", p) for p in self.bits_by_name]:
             try:
                 re.compile(pattern)
             except re.error as exc:
-                raise ConfigError(f"skip pattern {pattern!r} is not a regular expression: {exc}") from None
+                raise ConfigError(f"{kind} pattern {pattern!r} is not a regular expression: {exc}") from None
+        for pattern, bits in self.bits_by_name.items():
+            if bits not in allowed:
+                raise ConfigError(f"bits_by_name[{pattern!r}]={bits!r} is not supported; use one of {allowed}")
+
+    def bits_for(self, name: str) -> int | None:
+        """The bits ``bits_by_name`` gives the linear ``name`` (None: no pattern matches it)."""
+        return next((bits for pattern, bits in self.bits_by_name.items() if re.search(pattern, name)), None)
 
     @property
     def calibrated(self) -> bool:

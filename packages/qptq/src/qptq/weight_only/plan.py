@@ -136,10 +136,10 @@ def quantize_weights(
             scales, alpha = found.scales, found.alpha
         for k in keys:
             plans[k] = WeightPlan(np.asarray(weights[k], np.float64), h, scales, alpha, size)
-            plans[k].quantize(config, bits)
+            plans[k].quantize(config, config.bits_for(k) or bits)
             if progress is not None:
                 progress(k)
-    for k in promoted(plans, config):
+    for k in promoted({k: p for k, p in plans.items() if config.bits_for(k) is None}, config):
         plans[k].quantize(config, 8)
     result = WeightOnlyResult()
     effective = {}
