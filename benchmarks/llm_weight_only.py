@@ -358,12 +358,13 @@ def build_ours(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
     paths = {"onnxruntime": save(onnx_model, bench.work / name / "model.onnx")}
     paths["openvino"] = paths["onnxruntime"]
     source = MODELS[bench.args.model][2]()
-    text, tokenizer_config = tokenizer_files(bench.tokenizer, read_metadata(source))
-    shape = decoder_shape(fresh, read_metadata(source))
+    files = tokenizer_files(bench.tokenizer, read_metadata(source))
+    shape = decoder_shape(fresh, files)
     paths["onnxruntime-genai"] = write_genai_folder(bench.work / name / "genai", decoder_graph(fresh, result), shape,
-                                                    text, tokenizer_config, THREADS)
+                                                    files.text, files.config, THREADS)
     paths["openvino-genai"] = write_openvino_genai_folder(bench.work / name / "openvino-genai",
-                                                          decoder_model(fresh, result), shape, text, tokenizer_config)
+                                                          decoder_model(fresh, result), shape, files.text,
+                                                          files.config)
     if config.embedding_bits:  # the table in the form the OpenVINO runtime keeps compressed (opset 21)
         ov_model = bench.float_model_at(BLOCK_DQ_OPSET)
         replace_matmuls(ov_model, codes, input_scales, INT8_ACTIVATIONS, "openvino-runtime")
@@ -533,9 +534,9 @@ def build_nncf(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
         advanced_parameters=AdvancedCompressionParameters(
             group_size_fallback_mode=nncf.GroupSizeFallbackMode.ADJUST))
     source = MODELS[bench.args.model][2]()
-    text, tokenizer_config = tokenizer_files(bench.tokenizer, read_metadata(source))
+    files = tokenizer_files(bench.tokenizer, read_metadata(source))
     folder = write_openvino_genai_folder(bench.work / name / "openvino-genai", compressed,
-                                         decoder_shape(fresh, read_metadata(source)), text, tokenizer_config)
+                                         decoder_shape(fresh, files), files.text, files.config)
     return {"openvino-genai": folder}, (
         f"{name}: NNCF {nncf.__version__} compress_weights(INT4_ASYM, group 128 adjusted, AWQ + scale estimation, "
         f"{len(calibration)} calibration windows, int8 backup for the table) on the float OpenVINO model")

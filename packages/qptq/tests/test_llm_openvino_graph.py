@@ -70,7 +70,7 @@ def test_the_pipeline_on_the_stateful_folder_continues_as_the_port(tmp_path):
     ovg = pytest.importorskip("openvino_genai")
     pytest.importorskip("openvino_tokenizers")
     from qdemo.testing import save_tiny_llama_gguf
-    from qptq.llm.genai_folders import save_openvino_genai
+    from qptq.llm.genai_folders import save_openvino_genai, tokenizer_files
     from qptq.llm.gguf_weights import read_metadata
     from qptq.llm.llama import load_gguf
     from qptq.weight_only import WeightOnlyConfig, quantize_
@@ -78,7 +78,7 @@ def test_the_pipeline_on_the_stateful_folder_continues_as_the_port(tmp_path):
     source = save_tiny_llama_gguf(tmp_path / "tiny.gguf")
     net, tokenizer = load_gguf(source)
     result = quantize_(net, WeightOnlyConfig(bits=4, group_size=32, embedding_bits=8))
-    folder = save_openvino_genai(net, result, tokenizer, read_metadata(source), tmp_path / "ov")
+    folder = save_openvino_genai(net, result, tokenizer_files(tokenizer, read_metadata(source)), tmp_path / "ov")
     prompt = [5, 17, 3, 60, 42, 99]
     ours = generate(net, prompt, 12)
     pipe = ovg.LLMPipeline(str(folder), "CPU", **EXACT)

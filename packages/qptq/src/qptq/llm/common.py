@@ -68,16 +68,18 @@ def attention_bias(start: int, length: int, window: int | None = None) -> paddle
 
 
 class Attention(nn.Layer):
-    """Grouped-query self-attention with rotary positions and a KV cache; with ``qk_norm_eps`` the queries and
-    keys are RMS-normalised per head before the rotation (``q_norm``, ``k_norm``, Gemma 3)."""
+    """Grouped-query self-attention with rotary positions and a KV cache; q/k/v projections with biases when
+    ``cfg.qkv_bias`` (Qwen2); with ``qk_norm_eps`` the queries and keys are RMS-normalised per head before the
+    rotation (``q_norm``, ``k_norm``, Gemma 3)."""
 
     def __init__(self, cfg: DecoderConfig, scale: float | None = None, qk_norm_eps: float | None = None) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = 1.0 / math.sqrt(cfg.head_dim) if scale is None else scale
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias_attr=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias_attr=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias_attr=False)
+        bias = None if cfg.qkv_bias else False
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias_attr=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias_attr=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias_attr=bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias_attr=False)
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(cfg.head_dim, qk_norm_eps)
@@ -157,7 +159,7 @@ def load_state(model: nn.Layer, state: dict[str, np.ndarray]) -> None:
     """Set every parameter of ``model`` from ``state`` (names as ``model.state_dict()``), then ``eval()``."""
     missing = set(model.state_dict()) - set(state)
     if missing:
-        raise KeyError(f"the GGUF gives no values for {sorted(missing)[:4]}; is it the right architecture?")
+        raise KeyError(f"the checkpoint gives no values for {sorted(missing)[:4]}; is it the right architecture?")
     model.set_state_dict({k: paddle.to_tensor(np.ascontiguousarray(v)) for k, v in state.items()})
     model.eval()
 

@@ -20,6 +20,7 @@ class DecoderConfig:
     rms_eps: float = 1e-5
     context_length: int = 2048
     tie_embeddings: bool = True
+    qkv_bias: bool = False  # the q/k/v projections add a bias (Qwen2)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

@@ -92,10 +92,13 @@ class _DecoderWriter:
         return _ops().constant(np.ascontiguousarray(self.state[name].T, np.float32))
 
     def linear(self, x: Any, name: str) -> Any:
+        """``x @ W (+ b)`` for the ``[in, out]`` parameter ``name`` and its bias, if any (Qwen2's q/k/v)."""
         ops = _ops()
         if name in self.input_scales:
             x = ops.multiply(x, ops.constant((1.0 / self.input_scales[name]).astype(np.float32)))
-        return ops.matmul(x, self.weight(name), transpose_a=False, transpose_b=True)
+        y = ops.matmul(x, self.weight(name), transpose_a=False, transpose_b=True)
+        bias = self.state.get(name.removesuffix("weight") + "bias")
+        return y if bias is None else ops.add(y, ops.constant(bias.astype(np.float32)))
 
     def rms_norm(self, x: Any, name: str) -> Any:
         """``x / sqrt(mean(x ** 2) + eps) * weight`` over the last axis (the form OpenVINO fuses as RMS)."""

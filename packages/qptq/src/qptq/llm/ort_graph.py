@@ -2,11 +2,12 @@
 the form ONNX Runtime GenAI's generator is built around.
 
 Per layer: ``SkipSimplifiedLayerNormalization`` (the residual add and RMSNorm in one), ``MatMulNBits`` for every
-quantized linear (:mod:`qcore.export.nbits_layout`), ``GroupQueryAttention`` with the rotary embedding inside it
-(cos / sin tables of the layer's base) and the KV cache in one buffer shared by past and present (GenAI's
-``past_present_share_buffer``: a decode step writes its key and value in place instead of copying the cache),
-Gemma's per-head q/k norms and sliding window as its ``local_window_size``. The table is
-``GatherBlockQuantized`` on the same codes as the tied head's ``MatMulNBits`` when it is quantized.
+quantized linear (:mod:`qcore.export.nbits_layout`; a bias, as Qwen2's q/k/v, added after it),
+``GroupQueryAttention`` with the rotary embedding inside it (cos / sin tables of the layer's base) and the KV cache
+in one buffer shared by past and present (GenAI's ``past_present_share_buffer``: a decode step writes its key and
+value in place instead of copying the cache), Gemma's per-head q/k norms and sliding window as its
+``local_window_size``. The table is ``GatherBlockQuantized`` on the same codes as the tied head's ``MatMulNBits``
+when it is quantized.
 
 I/O: GenAI's names (:data:`qcore.export.ortgenai.INPUTS` / ``OUTPUTS``): ``input_ids`` ``[batch, seq]``,
 ``attention_mask`` ``[batch, total]`` (int64), a key and a value cache per layer ``[batch, kv_heads, past,
@@ -66,19 +67,32 @@ class _DecoderWriter:
         self.input_scales, self.accuracy_level = input_scales, accuracy_level
         self.g = _Graph()
 
+    def add_bias(self, y: str, weights: list[str], out: str) -> str:
+        """``out = y + b``, ``b`` the biases of ``weights`` (``[in, out]`` parameters whose outputs ``y`` holds side by
+        side; zeros for one without), or ``y`` itself when none has a bias."""
+        names = [w.removesuffix("weight") + "bias" for w in weights]
+        if not any(n in self.state for n in names):
+            return y
+        bias = np.concatenate([self.state[n] if n in self.state else np.zeros(self.state[w].shape[1], np.float32)
+                               for n, w in zip(names, weights)]).astype(np.float32)
+        name = names[0] if len(names) == 1 else f"{out}.bias"
+        return self.g.node("Add", [y, self.g.const(bias, name)], f"{name}.add", [out])[0]
+
     def linear(self, x: str, weight: str, out: str | None = None) -> str:
-        """``out = x @ W`` (default name: the weight's) for the ``[in, out]`` parameter ``weight``:
-        ``MatMulNBits`` on its codes, else float."""
+        """``out = x @ W (+ b)`` (default name: the weight's) for the ``[in, out]`` parameter ``weight`` and its bias,
+        if any: ``MatMulNBits`` on its codes, else float."""
         g, out = self.g, out or f"{weight}.out"
+        product = f"{weight}.product" if weight.removesuffix("weight") + "bias" in self.state else out
         if weight in self.input_scales:
             inverse = (1.0 / self.input_scales[weight]).astype(np.float32)
             x = g.node("Mul", [x, g.const(inverse, f"{weight}.awq_inverse")], f"{weight}.awq")[0]
         if weight not in self.codes:
-            return g.node("MatMul", [x, g.const(self.state[weight], weight)], f"{weight}.matmul", [out])[0]
-        node, inits = matmul_nbits(self.codes[weight], x, out, f"{weight}.nbits", self.accuracy_level)
-        g.nodes.append(node)
-        g.inits.extend(inits)
-        return node.output[0]
+            g.node("MatMul", [x, g.const(self.state[weight], weight)], f"{weight}.matmul", [product])
+        else:
+            node, inits = matmul_nbits(self.codes[weight], x, product, f"{weight}.nbits", self.accuracy_level)
+            g.nodes.append(node)
+            g.inits.extend(inits)
+        return self.add_bias(product, [weight], out)
 
     def fused(self, x: str, weights: list[str], name: str, widths: list[int], split: bool | None = None
               ) -> list[str]:
@@ -90,13 +104,14 @@ class _DecoderWriter:
             else join_outputs([self.codes[w] for w in weights])
         if joined is None:
             return [self.linear(x, w) for w in weights]
-        node, inits = matmul_nbits(joined, x, f"{name}.out", f"{name}.nbits", self.accuracy_level)
+        node, inits = matmul_nbits(joined, x, f"{name}.product", f"{name}.nbits", self.accuracy_level)
         g.nodes.append(node)
         g.inits.extend(inits)
+        y = self.add_bias(node.output[0], weights, f"{name}.out")
         if not (self.layout.qk_norm if split is None else split):
-            return [node.output[0]]
+            return [y]
         sizes = g.const(np.array(widths, np.int64), f"{name}.widths")
-        return g.node("Split", [node.output[0], sizes], f"{name}.split", outputs=len(widths), axis=-1)
+        return g.node("Split", [y, sizes], f"{name}.split", outputs=len(widths), axis=-1)
 
     def rms_norm(self, x: str, weight: str, skip: str | None = None) -> tuple[str, str | None]:
         """RMSNorm of ``x`` (of ``x + skip`` with ``skip``); returns it and, with ``skip``, the sum."""

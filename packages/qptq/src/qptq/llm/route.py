@@ -1,14 +1,17 @@
 """One call from an LLM checkpoint to a quantized file a runtime generates with: :func:`quantize_llm`.
 
-The source is a GGUF file of a supported architecture (:data:`LOADERS`); calibration is token ids (an
-array or windows) or plain text, cut into windows with the file's own tokenizer. The decoder is read in float32
-(:mod:`.gguf_weights`), its linears (and, with ``embedding_bits``, its table) quantized in place by
+The source is a GGUF file of a supported architecture (:data:`LOADERS`) or a PaddleNLP checkpoint directory of
+Llama, Mistral or Qwen2 (:mod:`.paddlenlp`); calibration is token ids (an array or windows) or plain text, cut into
+windows with the source's own tokenizer. The decoder is read in float32 (:mod:`.gguf_weights`, :mod:`.paddlenlp`),
+its linears (and, with ``embedding_bits``, its table) quantized in place by
 :func:`qptq.weight_only.quantize_`, and written in ``format``:
 
 * ``"gguf"``: llama.cpp's file (:mod:`.gguf_export`), codes chosen on its block grids (``grid="gguf"``,
   ``group_size=32``), metadata and tokenizer from the source. Verified by reading the written file back with the
   ``gguf`` package and comparing every tensor with the simulation (bit-exact), and, where ``llama-cpp-python`` is
-  installed, llama.cpp's logits against the simulation's on a calibration window.
+  installed, llama.cpp's logits against the simulation's on a calibration window. GGUF sources only: the file's
+  metadata and tokenizer are copied from the source, which a PaddleNLP checkpoint does not have (convert it with
+  llama.cpp's ``convert_hf_to_gguf.py`` first, or write one of the two folders).
 * ``"openvino-genai"``: an OpenVINO GenAI folder (:mod:`.genai_folders`): the stateful model :mod:`.openvino_graph`
   writes (codes as compressed ``u4`` / ``u8`` constants, the KV cache as state) and the tokenizer IRs. Verified by
   the IR's logits in the OpenVINO runtime (its default precision: bf16 where the CPU has it) against the
@@ -38,7 +41,8 @@ from ..progress import Progress, progress
 from ..weight_only.config import WeightOnlyConfig
 from ..weight_only.layer import quantize_
 from ..weight_only.plan import WeightOnlyResult
-from . import gemma3, llama
+from . import gemma3, llama, paddlenlp
+from .genai_folders import TokenizerFiles, tokenizer_files
 
 #: Formats :func:`quantize_llm` writes: the suffix the output must have ("" for a folder) and the grid family.
 LLM_FORMATS = {"gguf": (".gguf", "gguf"), "onnxruntime-genai": ("", "int"), "openvino-genai": ("", "int")}
@@ -78,12 +82,16 @@ class LlmReport:
 
 
 def source_architecture(source: str | os.PathLike[str]) -> str:
-    """The ``general.architecture`` of a GGUF file; one line when it is not a readable GGUF of a supported one."""
+    """The ``general.architecture`` of a GGUF file, or the family of a PaddleNLP checkpoint directory
+    (:func:`.paddlenlp.open_checkpoint`); one line when it is not a readable source of a supported one."""
     from qcore.export.gguf import require_gguf
 
     path = Path(source)
+    if path.is_dir():
+        return paddlenlp.open_checkpoint(path).family
     if not path.is_file():
-        raise ConfigError(f"{path}: no such file; give a GGUF checkpoint (.gguf)")
+        raise ConfigError(f"{path}: no such file or directory; give a GGUF checkpoint (.gguf) or a PaddleNLP "
+                          "checkpoint directory")
     gguf = require_gguf()
     try:
         arch = gguf.GGUFReader(str(path)).fields["general.architecture"].contents()
@@ -137,6 +145,10 @@ def _check(source: Path, out: Path, config: WeightOnlyConfig, format: str, calib
         raise ConfigError(f"format={format!r} stores codes on the {grid!r} grids: quantize with "
                           f"WeightOnlyConfig(grid={grid!r}{', group_size=32' if grid == 'gguf' else ''})")
     arch = source_architecture(source)
+    if format == "gguf" and source.is_dir():
+        raise ConfigError(f"format='gguf' copies its metadata and tokenizer from a GGUF source; {source} is a "
+                          "PaddleNLP checkpoint: write format='onnxruntime-genai' or 'openvino-genai', or convert it "
+                          "with llama.cpp's convert_hf_to_gguf.py first")
     if suffix:
         check_output_file(out, "output")
     else:
@@ -148,12 +160,12 @@ def _check(source: Path, out: Path, config: WeightOnlyConfig, format: str, calib
 
 def quantize_llm(source: str | os.PathLike[str], out: str | os.PathLike[str], config: WeightOnlyConfig,
                  calibration: Any = None, *, format: str = "gguf", show_progress: bool = False) -> LlmReport:
-    """Quantize the decoder in the GGUF file ``source`` as ``config`` says and write ``out`` in ``format``
-    (:data:`LLM_FORMATS`); ``calibration``: text file, ``.npy`` of ids or ids (:func:`calibration_windows`), needed
-    by GPTQ and clip search. Returns the report, verification included."""
+    """Quantize the decoder in ``source`` (a GGUF file or a PaddleNLP checkpoint directory) as ``config`` says and
+    write ``out`` in ``format`` (:data:`LLM_FORMATS`); ``calibration``: text file, ``.npy`` of ids or ids
+    (:func:`calibration_windows`), needed by GPTQ and clip search. Returns the report, verification included."""
     source, out = Path(source), Path(out)
     arch = _check(source, out, config, format, calibration)
-    model, tokenizer = LOADERS[arch](source)
+    model, tokenizer, files = read_source(source, arch)
     float_bytes = sum(4 * int(np.prod(p.shape)) for p in model.parameters())
     windows = None if calibration is None else calibration_windows(calibration, tokenizer)
     batches: Iterable[np.ndarray] | None = windows
@@ -177,14 +189,24 @@ def quantize_llm(source: str | os.PathLike[str], out: str | os.PathLike[str], co
         size = written.stat().st_size
     else:
         from .genai_folders import save_openvino_genai, save_ortgenai
-        from .gguf_weights import read_metadata
 
         save, verify = ((save_ortgenai, verify_ortgenai) if format == "onnxruntime-genai"
                         else (save_openvino_genai, verify_openvino_genai))
-        written = save(model, result, tokenizer, read_metadata(source), out)
+        written = save(model, result, files, out)
         verified = verify(written, model, window)
         size = sum(p.stat().st_size for p in written.iterdir() if p.is_file())
     return LlmReport(written, format, arch, size, float_bytes, result, verified)
+
+
+def read_source(source: Path, arch: str) -> tuple[Any, Any, TokenizerFiles]:
+    """The float32 decoder of ``source`` (architecture ``arch``), its tokenizer and the tokenizer files of the
+    runtimes' folders."""
+    if source.is_dir():
+        return paddlenlp.load_checkpoint(source)
+    from .gguf_weights import read_metadata
+
+    model, tokenizer = LOADERS[arch](source)
+    return model, tokenizer, tokenizer_files(tokenizer, read_metadata(source))
 
 
 def verify_gguf(path: Path, model: Any, window: np.ndarray) -> dict[str, Any]:
