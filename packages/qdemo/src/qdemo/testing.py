@@ -188,3 +188,100 @@ def save_tiny_llama_gguf(path: Path, seed: int = 1, layers: int = 2) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+#: The tiny checkpoints' families: (``architectures`` entry, ``model_type``, parameter prefix, q/k/v biases,
+#: tied embedding, rotary base).
+PADDLENLP_FAMILIES = {
+    "llama": ("LlamaForCausalLM", "llama", "llama", False, False, 10000.0),
+    "mistral": ("MistralForCausalLM", "mistral", "mistral", False, False, 10000.0),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2", "qwen2", True, True, 1000000.0),
+}
+
+
+def tiny_bpe_tokenizer_json(vocab_size: int = 320) -> str:
+    """A byte-level BPE ``tokenizer.json`` of exactly ``vocab_size`` tokens: ``<unk>``, ``<s>``, ``</s>`` (special),
+    the 256 byte symbols, then merges of a space or a letter with a letter until the vocabulary is full."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    specials = ["<unk>", "<s>", "</s>"]
+    vocab = {t: i for i, t in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    letters = "etaoinshrdlucmfwypvbgk"
+    merges = []
+    for left, right in [("\u0120", c) for c in letters] + [(a, b) for a in letters for b in letters]:
+        if len(vocab) == vocab_size:
+            break
+        vocab[left + right] = len(vocab)
+        merges.append((left, right))
+    tok = Tokenizer(models.BPE(vocab, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    return tok.to_str()
+
+
+def save_tiny_paddlenlp_checkpoint(directory: Path, family: str = "llama", dtype: str = "bfloat16",
+                                   weights: str = "pdparams", shards: int = 1, seed: int = 0, layers: int = 2,
+                                   sliding_window: int | None = None) -> Path:
+    """A random tiny decoder of ``family`` (``llama``, ``mistral``, ``qwen2``) saved as PaddleNLP saves one:
+    ``config.json``, the weights under PaddleNLP's names with ``Linear`` weights ``[in, out]`` in ``dtype``
+    (``weights="pdparams"``: ``model_state.pdparams``; ``"safetensors"``: ``model.safetensors``, or ``shards`` files
+    with ``model.safetensors.index.json``), a byte-level BPE ``tokenizer.json`` and ``tokenizer_config.json``.
+    Hidden 64, 4 heads of 16, 2 KV heads, FFN 128, vocabulary 320; Qwen2 with q/k/v biases and a tied embedding,
+    Llama and Mistral with an LM head of their own (``[hidden, vocab]``); Mistral's ``sliding_window`` as given."""
+    import json
+
+    arch, model_type, prefix, qkv_bias, tied, theta = PADDLENLP_FAMILIES[family]
+    hidden, inter, heads, kv_heads, head_dim, vocab = 64, 128, 4, 2, 16, 320
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"architectures": [arch], "model_type": model_type, "hidden_size": hidden, "intermediate_size": inter,
+              "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+              "hidden_act": "silu", "rope_theta": theta, "rms_norm_eps": 1e-6, "max_position_embeddings": 256,
+              "tie_word_embeddings": tied, "vocab_size": vocab, "bos_token_id": 1, "eos_token_id": 2,
+              "dtype": dtype}
+    if family == "mistral":
+        config["sliding_window"] = sliding_window
+    (directory / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+    (directory / "tokenizer.json").write_text(tiny_bpe_tokenizer_json(vocab), encoding="utf-8")
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+         "unk_token": "<unk>"}, indent=1), encoding="utf-8")
+
+    rng = np.random.default_rng(seed)
+    state: dict[str, np.ndarray] = {f"{prefix}.embed_tokens.weight": rng.normal(0.0, 0.5, (vocab, hidden))}
+    for i in range(layers):
+        p = f"{prefix}.layers.{i}"
+        for name, shape in (("self_attn.q_proj", (hidden, heads * head_dim)),
+                            ("self_attn.k_proj", (hidden, kv_heads * head_dim)),
+                            ("self_attn.v_proj", (hidden, kv_heads * head_dim)),
+                            ("self_attn.o_proj", (heads * head_dim, hidden)), ("mlp.gate_proj", (hidden, inter)),
+                            ("mlp.up_proj", (hidden, inter)), ("mlp.down_proj", (inter, hidden))):
+            state[f"{p}.{name}.weight"] = rng.normal(0.0, 0.15, shape)  # [in, out], as paddle.nn.Linear
+            if qkv_bias and name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+                state[f"{p}.{name}.bias"] = rng.normal(0.0, 0.5, shape[1])
+        state[f"{p}.input_layernorm.weight"] = rng.uniform(0.8, 1.2, hidden)
+        state[f"{p}.post_attention_layernorm.weight"] = rng.uniform(0.8, 1.2, hidden)
+    state[f"{prefix}.norm.weight"] = rng.uniform(0.8, 1.2, hidden)
+    if not tied:
+        state["lm_head.weight"] = rng.normal(0.0, 0.15, (hidden, vocab))  # PaddleNLP's LM head: [hidden, vocab]
+    tensors = {name: paddle.to_tensor(value.astype(np.float32)).astype(dtype) for name, value in state.items()}
+    if weights == "pdparams":
+        paddle.save(tensors, str(directory / "model_state.pdparams"))
+        return directory
+    from safetensors.paddle import save_file
+
+    if shards == 1:
+        save_file(tensors, str(directory / "model.safetensors"))
+        return directory
+    names = list(tensors)
+    weight_map = {}
+    for k in range(shards):
+        file = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[k::shards]
+        save_file({n: tensors[n] for n in part}, str(directory / file))
+        weight_map.update({n: file for n in part})
+    index = {"metadata": {"total_size": sum(int(t.numel()) * t.element_size() for t in tensors.values())},
+             "weight_map": weight_map}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=1), encoding="utf-8")
+    return directory

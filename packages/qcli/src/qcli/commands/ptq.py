@@ -68,13 +68,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                              "input, or module:function / file.py:function returning an iterable of samples")
     groups.add_argument("--batch-size", type=int, default=8)
     groups.add_argument("--batch-nums", type=int, default=None, help="stop after this many batches")
-    llm = dynamic.add_argument_group("LLM checkpoints (MODEL a .gguf file): --bits 4|5|8 and --symmetric pick the "
-                                     "block type (Q4_0 = --bits 4 --symmetric, Q4_1 = --bits 4, Q8_0 = --bits 8)")
+    llm = dynamic.add_argument_group("LLM checkpoints (MODEL a .gguf file, or a PaddleNLP checkpoint directory of "
+                                     "Llama, Mistral or Qwen2: config.json, model_state.pdparams or safetensors, "
+                                     "tokenizer.json): --bits 4|5|8 and --symmetric pick the GGUF block type "
+                                     "(Q4_0 = --bits 4 --symmetric, Q4_1 = --bits 4, Q8_0 = --bits 8)")
     llm.add_argument("--format", default=None, choices=["gguf", "openvino-genai", "onnxruntime-genai"],
-                     help="what to write: gguf (the default for a .gguf MODEL; OUT is the .gguf file llama.cpp "
-                          "runs), or OUT a folder that openvino_genai.LLMPipeline or onnxruntime_genai runs "
-                          "(int4/int8 groups, --group-size default 128); --data takes a .txt of text or a .npy of "
-                          "token ids")
+                     help="what to write: gguf (the default for a .gguf MODEL, which it needs; OUT is the .gguf "
+                          "file llama.cpp runs), or OUT a folder that openvino_genai.LLMPipeline or "
+                          "onnxruntime_genai runs (int4/int8 groups, --group-size default 128); --data takes a .txt "
+                          "of text or a .npy of token ids")
     dynamic.set_defaults(run=run_dynamic)
 
     static = methods.add_parser("static", help="int8 weights and activations, calibrated on sample data")
@@ -167,7 +169,7 @@ def _bits_for(rules: list[str]) -> dict[str, int]:
 
 def run_dynamic(args: argparse.Namespace) -> int:
     qptq = require("ptq")
-    if args.format is not None or args.model.suffix == ".gguf":
+    if args.format is not None or args.model.suffix == ".gguf" or (args.model / "config.json").is_file():
         return _run_llm(args)
     _check_paths(args)
     source = find_model_files(args.model, args.model_filename, args.params_filename)
@@ -223,13 +225,18 @@ def _run_weight_only(args: argparse.Namespace, source: ModelFiles) -> int:
 
 
 def _run_llm(args: argparse.Namespace) -> int:
-    """An LLM checkpoint (GGUF) to a quantized file for an LLM runtime (:func:`qptq.llm.route.quantize_llm`)."""
+    """An LLM checkpoint (GGUF, or a PaddleNLP checkpoint directory) to a quantized file for an LLM runtime
+    (:func:`qptq.llm.route.quantize_llm`)."""
     from qptq.llm.route import LLM_FORMATS, MIN_AGREEMENT, quantize_llm
     from qptq.weight_only import WeightOnlyConfig
 
+    if args.format is None and args.model.is_dir():
+        raise ConfigError(f"{args.model} is a checkpoint directory: say what to write with --format "
+                          "onnxruntime-genai or --format openvino-genai")
     fmt = args.format or "gguf"
-    if args.model.suffix != ".gguf":
-        raise ConfigError(f"--format {fmt} reads a GGUF checkpoint; {args.model} is not a .gguf file")
+    if args.model.suffix != ".gguf" and not args.model.is_dir():
+        raise ConfigError(f"--format {fmt} reads a GGUF checkpoint or a PaddleNLP checkpoint directory; "
+                          f"{args.model} is neither")
     if args.backend is not None:
         raise ConfigError(f"--backend names a Paddle or ONNX runtime; --format {fmt} names the LLM runtime: "
                           "drop --backend")
