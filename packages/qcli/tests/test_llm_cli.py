@@ -1,6 +1,6 @@
 """``qcli ptq dynamic MODEL.gguf OUT.gguf``: an LLM checkpoint to a GGUF file for llama.cpp in one command, the
-report naming the file, its size against float and each tensor's block type; bad input is one line before any
-work and leaves nothing."""
+report naming the file, its size against float and each tensor's block type; the GenAI folders from a GGUF or a
+PaddleNLP checkpoint directory; bad input is one line before any work and leaves nothing."""
 
 from __future__ import annotations
 
@@ -138,3 +138,45 @@ def test_a_bad_per_tensor_rule_is_one_line(checkpoint, tmp_path, capsys, rule, m
     assert main(["ptq", "dynamic", str(source), str(tmp_path / "o.gguf"), "--bits", "4", "--bits-for", rule]) != 0
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o.gguf").exists()
+
+
+@pytest.fixture(scope="module")
+def paddlenlp_checkpoint(tmp_path_factory):
+    pytest.importorskip("safetensors")
+    from qdemo.testing import save_tiny_paddlenlp_checkpoint
+
+    folder = tmp_path_factory.mktemp("paddlenlp")
+    directory = save_tiny_paddlenlp_checkpoint(folder / "qwen2", "qwen2", "bfloat16", "safetensors", shards=2)
+    (folder / "calib.txt").write_text("the cat sat on the mat and the dog ran to the tree " * 200)
+    return directory, folder / "calib.txt"
+
+
+@pytest.mark.parametrize("fmt", ["onnxruntime-genai", "openvino-genai"])
+def test_one_command_quantizes_a_paddlenlp_checkpoint_directory(paddlenlp_checkpoint, tmp_path, capsys, fmt):
+    if fmt == "openvino-genai":
+        pytest.importorskip("openvino_tokenizers")
+    directory, text = paddlenlp_checkpoint
+    out = tmp_path / "out"
+    code = main(["ptq", "dynamic", str(directory), str(out), "--format", fmt, "--bits", "4", "--group-size", "32",
+                 "--algo", "gptq", "--data", str(text)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    report = json.loads((tmp_path / "out.report.json").read_text())
+    assert report["architecture"] == "qwen2" and report["model"] == str(directory)
+    # per layer: q and o 64x64, k and v 64x32, gate, up and down 64x128; the tied table stays float
+    assert report["weights_per_type"] == {"uint4": 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128)}
+    (check,) = report["verified"].values()
+    assert check["top1_agreement"] >= 0.9 and check["max_abs_diff_over_std"] < 0.5
+    assert f"quantized model: {out}" in printed and "qwen2" in printed
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ([], "is a checkpoint directory: say what to write with --format onnxruntime-genai or --format openvino-genai"),
+    (["--format", "gguf"], "format='gguf' copies its metadata and tokenizer from a GGUF source"),
+])
+def test_a_checkpoint_directory_without_a_folder_format_is_one_line(paddlenlp_checkpoint, tmp_path, capsys, extra,
+                                                                     message):
+    directory, _ = paddlenlp_checkpoint
+    assert main(["ptq", "dynamic", str(directory), str(tmp_path / "o.gguf"), "--bits", "4", *extra]) != 0
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
