@@ -197,6 +197,13 @@ def edit_config(directory: Path, **changes) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
 
 
+def rename_in_index(directory: Path, old: str, new: str) -> None:
+    path = directory / "model.safetensors.index.json"
+    index = json.loads(path.read_text())
+    index["weight_map"] = {k.replace(old, new, 1): v for k, v in index["weight_map"].items()}
+    path.write_text(json.dumps(index))
+
+
 @pytest.mark.parametrize(("spoil", "error", "message"), [
     (lambda d: (d / "tokenizer.json").unlink(), ConfigError, "has no tokenizer.json"),
     (lambda d: (d / "config.json").unlink(), ConfigError, "has no config.json"),
@@ -208,6 +215,7 @@ def edit_config(directory: Path, **changes) -> None:
     (lambda d: (d / "model-00002-of-00003.safetensors").unlink(), ConfigError,
      "lists shards that are not in"),
     (lambda d: edit_config(d, num_hidden_layers=3), DataError, "has no llama.layers.2."),
+    (lambda d: rename_in_index(d, "llama.", "model."), DataError, "is in Hugging Face's layout"),
 ])
 def test_what_cannot_be_read_is_one_line_before_any_work(tmp_path, spoil, error, message):
     directory = checkpoint(tmp_path, "llama", "safetensors-bf16-3-shards")
