@@ -12,8 +12,9 @@ under each family's prefix (:data:`FAMILIES`). Mistral's sliding window (v0.1: 4
 the runtimes' configs (``min(max_position_embeddings, sliding_window)``): within it the window hides no key, so the
 port's full attention is exact there.
 
-Every problem found in the directory's small files is one :class:`~qcore.errors.ConfigError` line before any weight
-is read (:func:`open_checkpoint`).
+Every problem found in the directory's small files (config, index, safetensors headers) is one
+:class:`~qcore.errors.ConfigError` or :class:`~qcore.errors.DataError` line before any weight is read
+(:func:`open_checkpoint`).
 """
 
 from __future__ import annotations
@@ -81,11 +82,6 @@ class Checkpoint:
         for i in range(cfg.num_layers):
             table.update({f"layers.{i}.{dst}": f"{prefix}.layers.{i}.{src}" for src, dst in layer.items()})
         return table
-
-
-def is_checkpoint(source: str | os.PathLike[str]) -> bool:
-    """Whether ``source`` is a directory (read as a checkpoint) rather than a file (a GGUF)."""
-    return Path(source).is_dir()
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -217,7 +213,8 @@ def read_state(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
             from safetensors import safe_open
 
             with safe_open(str(path), framework="paddle") as f:
-                state.update({wanted[n]: _float32(f.get_tensor(n)) for n in names if n in f.keys()})
+                stored = set(f.keys())
+                state.update({wanted[n]: _float32(f.get_tensor(n)) for n in names if n in stored})
         else:
             stored = paddle.load(str(path))
             if checkpoint.index is None:
@@ -227,7 +224,7 @@ def read_state(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
     return state
 
 
-def tokenizer_files(checkpoint: Checkpoint, tokenizer: Any) -> TokenizerFiles:
+def checkpoint_tokenizer(checkpoint: Checkpoint, tokenizer: Any) -> TokenizerFiles:
     """The runtimes' tokenizer files: ``tokenizer.json`` as saved, ``tokenizer_config.json`` with its special tokens
     as plain strings (filled from ``config.json``'s ids where absent), and the ids generation needs."""
     raw, directory = checkpoint.raw, checkpoint.directory
@@ -270,4 +267,4 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> tuple[Any, Any, Tokeni
                             f"{expected[name]} (Paddle's [in, out] for a linear): is the config the checkpoint's?")
     load_state(model, state)
     tokenizer = Tokenizer.from_file(str(checkpoint.directory / TOKENIZER))
-    return model, tokenizer, tokenizer_files(checkpoint, tokenizer)
+    return model, tokenizer, checkpoint_tokenizer(checkpoint, tokenizer)
