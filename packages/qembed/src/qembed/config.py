@@ -75,8 +75,9 @@ class TableConfig:
         merged = {**cls().__dict__, **values}
         budget = check_bytes_budget(merged["bytes_budget"])
         if budget is not None:
-            clashing = [f"{k}={short_repr(v)}" for k, v in values.items() if (k, v) in (
-                ("quantize_type", "log"), ("per_row", False)) or (k in ("quantize_bits", "threshold") and v is not None)]
+            clashing = [f"{k}={short_repr(v)}" for k, v in values.items()
+                        if (k, v) in (("quantize_type", "log"), ("per_row", False))
+                        or (k in ("quantize_bits", "threshold") and v is not None)]
             if clashing:
                 raise ConfigError(f"bytes_budget chooses each row's bits on per-row abs_max grids, so {clashing[0]} "
                                   f"in {where} does not apply; drop it (mixed_bits sets the widths)")

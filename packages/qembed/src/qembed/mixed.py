@@ -11,9 +11,11 @@ and its first stored bytes hold its position in the hot set as signed base-256 d
     hot_at = (scale == 0) * sum(digits * 256**k)        (cold rows: 0, the zero row)
     rows   = cold + hot rows of hot_at, dequantized     (x + 0 is exact: bit-equal to either set's rows)
 
-The hot set takes rows by descending calibration count (rows never read stay cold; all-zero and padding rows are
-never hot), as many as the budget allows after the cold set: the stored bytes are the two sets' codes, scales and
-offsets. The numpy rows (:meth:`MixedTable.rows`) do the same arithmetic as the program.
+The hot set takes rows by descending ``reads * squared error of the cold row``: every hot row costs the same bytes,
+so this order takes the most off the squared error of the calibration reads (the expected error of a lookup when
+calibration ids are a sample of traffic). Rows never read, exact rows and padding rows stay cold. It takes as many
+as the budget allows after the cold set: the stored bytes are the two sets' codes, scales and offsets. The numpy
+rows (:meth:`MixedTable.rows`) do the same arithmetic as the program.
 """
 
 from __future__ import annotations
@@ -157,20 +159,20 @@ def quantize_mixed(
     if position_bytes == 0:
         raise DataError(f"rows of {dim} values at {cold_bits} bits take less than a byte, too little for a hot row's "
                         "position; use more cold bits or no bytes_budget for this table")
-    cold_choice = choose_table_quantization(values, "abs_max", cold_bits, True, None, asymmetric,
-                                            scale_dtype=scale_dtype)
-    cold = cold_choice.table
+    cold = choose_table_quantization(values, "abs_max", cold_bits, True, None, asymmetric,
+                                     scale_dtype=scale_dtype).table  # "auto" offsets: only where they fit the budget
+    if asymmetric == "auto" and cold.offsets is not None and cold.stored_bytes > budget * values.nbytes:
+        cold = choose_table_quantization(values, "abs_max", cold_bits, True, None, False, scale_dtype=scale_dtype).table
     limit = int(budget * values.nbytes) - cold.stored_bytes
     if limit < 0:
         raise DataError(f"bytes_budget={budget:g} is below what the {cold_bits}-bit rows alone take "
                         f"({cold.stored_bytes / values.nbytes:.3f} of float32); raise it or lower the cold bits")
     per_hot = packed_width(dim, hot_bits) if hot_bits <= MAX_PACKED_BITS else dim
-    per_hot += np.dtype(scale_dtype).itemsize * (2 if cold.offsets is not None or asymmetric is True else 1)
-    eligible = reads > 0
-    eligible[np.asarray(never_hot, np.int64)] = False
-    eligible &= np.abs(values).max(axis=1) > 0
-    order = np.argsort(-reads, kind="stable")
-    order = order[eligible[order]]
+    per_hot += np.dtype(scale_dtype).itemsize * (2 if asymmetric is True else 1)
+    gain = reads * _row_errors(values, cold)  # what a hot row takes off the squared error of the calibration reads
+    gain[np.asarray(never_hot, np.int64)] = 0
+    order = np.argsort(-gain, kind="stable")
+    order = order[gain[order] > 0]
     most = 127 * (256**position_bytes - 1) // 255  # largest position the digits hold
     hot_ids = order[: max(0, min(limit // per_hot - 1, most))]  # - 1: the zero row
     hot = _hot_rows(values, hot_ids, hot_bits, asymmetric, scale_dtype)
@@ -185,6 +187,15 @@ def quantize_mixed(
     read_err = float(np.sqrt((weights[:, None] * np.square(dequantized - values)).sum()))
     return TableChoice(mixed, True, relative_error(values, cold), relative_error(values, mixed),
                        cold.offsets is not None, read_error=read_err / read_norm if read_norm else 0.0)
+
+
+def _row_errors(values: NDArray[np.float32], q: QuantizedTable, block: int = 1 << 16) -> NDArray[np.float64]:
+    """Squared error of each row of ``q`` (block by block: no second copy of a large table)."""
+    out = np.empty(len(values), np.float64)
+    for start in range(0, len(values), block):
+        ids = np.arange(start, min(start + block, len(values)))
+        out[ids] = np.square(q.rows(ids) - values[ids]).sum(axis=1, dtype=np.float64)
+    return out
 
 
 def _hot_rows(values: NDArray[np.float32], hot_ids: NDArray[np.intp], bits: int, asymmetric: bool | str,
