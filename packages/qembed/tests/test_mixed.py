@@ -122,10 +122,11 @@ def test_the_pir_program_reads_the_mixed_rows_bit_equal_to_numpy():
 
 
 def test_a_padded_lookup_reads_zeros_for_its_padding_row_and_the_export_returns_the_numpy_rows(tmp_path):
-    """Saved model (PIR, padding row 0 not zero in the table, the most read id) -> mixed table -> executor and the
-    ONNX Runtime export: both return the model of numpy's rows, padding rows as zeros."""
+    """Saved model (PIR, padding row 0 not zero in the table, the most read id) -> mixed table -> executor,
+    paddle.inference and the ONNX Runtime export: each returns the model of numpy's rows, padding rows as zeros."""
     from qcore.export import export_onnx
     from qcore.graph import open_graph
+    from qcore.inference import predict
     from qcore.model_io import load_model
     from qdemo.testing import EMBEDDING_INPUT_SPEC, TinyEmbeddingNet, save_tiny_net
 
@@ -150,6 +151,7 @@ def test_a_padded_lookup_reads_zeros_for_its_padding_row_and_the_export_returns_
     expected = rows.mean(axis=1) @ net.fc.weight.numpy() + net.fc.bias.numpy()
     simulated = open_graph(load_model(files)).run({"ids": ids})[0]
     np.testing.assert_allclose(simulated, expected, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(predict(files, {"ids": ids})[0], expected, rtol=0, atol=1e-6)  # paddle.inference
     pytest.importorskip("onnxruntime")
     import onnxruntime as ort
 
