@@ -170,7 +170,7 @@ def _table_name(tmp_path) -> str:
 
 
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino-runtime"])
-def test_the_onnx_export_of_a_mixed_table_returns_the_numpy_rows(tmp_path, runtime):
+def test_paddle_inference_and_the_onnx_export_of_a_mixed_table_return_the_numpy_rows(tmp_path, runtime):
     from qcore.export import export_onnx
 
     pytest.importorskip("onnxruntime")
@@ -196,6 +196,10 @@ def test_the_onnx_export_of_a_mixed_table_returns_the_numpy_rows(tmp_path, runti
     m = report.choice.table
     assert (m.positions(ids) > 0).sum() >= 20
     assert got.tobytes() == (2 * _reference(m, ids[:, 0])[:, None]).tobytes()
+    if runtime == "onnxruntime":  # and the saved PIR model in paddle.inference
+        from qcore.inference import predict
+
+        assert predict(files, {"word": ids})[0].tobytes() == got.tobytes()
 
 
 def test_mixed_tables_refuse_what_cannot_serve_them_in_one_line():
