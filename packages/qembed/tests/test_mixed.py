@@ -104,21 +104,23 @@ def _static(family: str, table: np.ndarray):
     return build_static_program(family, table=table)
 
 
-def test_the_pir_program_reads_the_mixed_rows_bit_equal_to_numpy():
+@pytest.mark.parametrize("family", ["pir", "legacy"])
+def test_the_program_reads_the_mixed_rows_bit_equal_to_numpy(family):
     table = _table()
     calibration = _zipf_ids(ROWS, 2000, 6)
-    p = _static("pir", table)
+    p = _static(family, table)
     word = np.random.default_rng(7).integers(0, ROWS, (60, 1))
     word[:20, 0] = calibration[:20]  # hot ones among them
     config = {"bytes_budget": 0.2, "mixed_bits": (8, 4), "scale_dtype": "float16"}
     with p.guard, paddle.static.scope_guard(p.scope):
         quant_embedding(p.main, None, config, p.scope, calibration_ids={"emb": calibration})
         got = p.exe.run(p.main, feed={"word": word}, fetch_list=[p.out])[0]
-        names = {v.name for v in p.main.global_block().all_parameters()}
     m = quantize_mixed(table, row_counts(calibration, ROWS), 0.2, (8, 4), scale_dtype="float16").table
     assert (m.positions(word) > 0).sum() >= 15
     assert got.reshape(60, DIM).tobytes() == (2 * _reference(m, word[:, 0])).tobytes()
-    assert "emb" not in names and {"emb.cold.packed", "emb.hot.quantized"} <= names
+    assert p.scope.find_var("emb") is None  # the float table left the program and the scope
+    assert np.array(p.scope.find_var("emb.cold.packed").get_tensor()).shape == (ROWS, DIM // 2)
+    assert np.array(p.scope.find_var("emb.hot.quantized").get_tensor()).shape == (len(m.hot_ids) + 1, DIM)
 
 
 def test_a_padded_lookup_reads_zeros_for_its_padding_row_and_the_export_returns_the_numpy_rows(tmp_path):
@@ -170,13 +172,14 @@ def _table_name(tmp_path) -> str:
 
 
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino-runtime"])
-def test_paddle_inference_and_the_onnx_export_of_a_mixed_table_return_the_numpy_rows(tmp_path, runtime):
+@pytest.mark.parametrize("family", ["pir", "legacy"])
+def test_paddle_inference_and_the_onnx_export_of_a_mixed_table_return_the_numpy_rows(tmp_path, family, runtime):
     from qcore.export import export_onnx
 
     pytest.importorskip("onnxruntime")
     table = _table()
     calibration = _zipf_ids(ROWS, 2000, 11)
-    p = _static("pir", table)
+    p = _static(family, table)
     with p.guard, paddle.static.scope_guard(p.scope):
         paddle.static.save_inference_model(str(tmp_path / "float" / "inference"), [p.feed], [p.out], p.exe,
                                            program=p.main)
@@ -204,9 +207,11 @@ def test_paddle_inference_and_the_onnx_export_of_a_mixed_table_return_the_numpy_
 
 def test_mixed_tables_refuse_what_cannot_serve_them_in_one_line():
     table = _table()
-    p = _static("legacy", table)
+    from qembed_programs import build_static_program
+
+    p = build_static_program("legacy", "lookup_table", table)
     with p.guard, paddle.static.scope_guard(p.scope):
-        with pytest.raises(GraphError, match="mixed-precision tables are written into PIR programs only"):
+        with pytest.raises(GraphError, match="read by lookup_table, which a mixed-precision table cannot replace"):
             quant_embedding(p.main, None, {"bytes_budget": 0.2}, p.scope, calibration_ids={"emb": [1, 2]})
     p = _static("pir", table)
     with p.guard, paddle.static.scope_guard(p.scope):

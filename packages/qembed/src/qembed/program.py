@@ -42,6 +42,8 @@ OP_FAMILIES = {seed: (seed,) for seed in EMBEDDING_OP_TYPES} | {
 WHOLE_TABLE_OPS = ("c_embedding", "pyramid_hash")
 NOT_IN_PADDLE_3 = "fused_embedding_seq_pool cannot occur: Paddle 3 no longer registers it"
 OP_SEQUENCE, FUSED, WHOLE_TABLE, MIXED = "op sequence", f"fused ({ext.OP_TYPE})", "whole table", "mixed (hot + cold)"
+#: The lookups a mixed-precision table is read by (``lookup_table`` v1 drops the ids' trailing 1: not these ops)
+MIXED_LOOKUPS = ("lookup_table_v2", "pd_op.embedding")
 #: ``calibration_ids``: table parameter name -> the ids its lookups read (any integer array)
 CalibrationIds = Mapping[str, Any]
 
@@ -214,13 +216,10 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None,
 def _calibration_counts(graph: Graph, name: str, ops: list[OpRef], whole_table: bool,
                         calibration_ids: CalibrationIds | None, rows: int) -> np.ndarray:
     """Reads per row of table ``name`` in its calibration ids; one error line when a mixed table cannot be made."""
-    if graph.family != "pir":
-        raise GraphError(f"table {name!r} has a bytes_budget, but mixed-precision tables are written into PIR "
-                         f"programs only and this is a {graph.family} program; save the model as PIR (Paddle 3's "
-                         "default) or drop bytes_budget")
-    if whole_table or any(op.seed_type not in ("lookup_table", "lookup_table_v2") for op in ops):
-        raise GraphError(f"table {name!r} is read by {ops[0].type}, which a mixed-precision table cannot replace; "
-                         "leave it out of bytes_budget (params_name, or a per-op-type config)")
+    if whole_table or any(op.type not in MIXED_LOOKUPS for op in ops):
+        raise GraphError(f"table {name!r} is read by {ops[0].type}, which a mixed-precision table cannot replace "
+                         f"(only {' / '.join(MIXED_LOOKUPS)}); leave it out of bytes_budget (params_name, or a "
+                         "per-op-type config)")
     if calibration_ids is None or name not in calibration_ids:
         raise ConfigError(f"table {name!r} has a bytes_budget but no calibration ids; pass calibration_ids="
                           f"{{{name!r}: ids}} with ids its lookups read (a sample of real traffic)")

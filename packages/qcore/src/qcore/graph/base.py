@@ -539,7 +539,7 @@ class Graph(ABC):
         stored bytes of its cold row, read as signed digits ``sum(byte_k * 256**k)``, give its row in ``hot``
         (0 for the others: ``hot`` row 0 is zeros). The lookup is the sum of both sets' dequantized rows, each set
         read like a :meth:`quantize_lookup` table (per-row scales and offsets, packed codes), so one of the two
-        terms is zeros and the result is bit-equal to that set's rows. Written into PIR programs only.
+        terms is zeros and the result is bit-equal to that set's rows.
         """
         weight = self.weight_operand(op)
         if weight is None:
@@ -560,16 +560,16 @@ class Graph(ABC):
                 weights = self._add_param(self._new_param_name(f"{key}@position_weights"),
                                           256.0 ** np.arange(position_bytes, dtype=np.float32), op)
                 self._weight_dq[key] = (*sets, weights)
-            self._build_mixed_lookup_dq(op, *self._weight_dq[key])
+            self._build_mixed_lookup_dq(op, weight, *self._weight_dq[key])
 
     @staticmethod
     def _row_scales(scales: np.ndarray) -> np.ndarray:
         scales = np.asarray(scales).reshape(-1)
         return scales if scales.dtype == np.float16 else scales.astype(np.float32)
 
-    def _build_mixed_lookup_dq(self, op: OpRef, cold: LookupTables, hot: LookupTables, weights: Any) -> None:
-        raise GraphError(f"mixed-precision tables are written into PIR programs only, and this is a {self.family} "
-                         "program; save the model as PIR (Paddle 3's default) or quantize without bytes_budget")
+    @abstractmethod
+    def _build_mixed_lookup_dq(self, op: OpRef, weight: Operand, cold: LookupTables, hot: LookupTables,
+                               weights: Any) -> None: ...
 
     def _lookup_params(self, op: OpRef, key: str, codes: np.ndarray, scales: np.ndarray, log_step: float | None,
                        bits: int, offsets: np.ndarray | None, fused: bool = False) -> LookupTables:

@@ -303,7 +303,8 @@ class PirGraph(Graph):
             value, _ = self._dequantized_rows(op.raw.operand_source(0), tables, padding_idx, last)
         self._replace_result(op.raw, value)
 
-    def _build_mixed_lookup_dq(self, op: OpRef, cold: LookupTables, hot: LookupTables, weights: Any) -> None:
+    def _build_mixed_lookup_dq(self, op: OpRef, weight: Operand, cold: LookupTables, hot: LookupTables,
+                               weights: Any) -> None:
         ids = op.raw.operand_source(0)
         padding_idx = int(op.raw.attrs().get("padding_idx", -1))
         last = len(op.raw.result(0).shape) - 1
