@@ -54,18 +54,27 @@ DENSE, COMMON, BAG = 13, 16, 8  # dense features, interaction width, longest id 
 BATCHES = (1, 64, 512)
 WEIGHTS_INT8 = {"weights": {"weight_bits": 8}}
 HALF = {"scale_dtype": "float16"}  # per-row scales and offsets in 2 bytes (16-wide int8 rows: 18 bytes, not 20)
+# mixed precision's budget per table: the 0.16x target for the model less its float MLPs (0.0013 of it)
+MIXED_BUDGET = 0.158
 VARIANTS: dict[str, dict[str, Any] | None] = {  # name -> quant_embedding config; None: the float model
     "float": None,
     "int8 tables + int8 MLPs": {"per_row": "auto", **WEIGHTS_INT8},
     "int8 tables (fp16 scales) + int8 MLPs": {"per_row": "auto", **HALF, **WEIGHTS_INT8},
+    "int8 tables (fp16 scales)": {"per_row": "auto", **HALF},
     "int4 tables": {"quantize_bits": 4, "per_row": "auto"},
     "int4 tables (fp16 scales)": {"quantize_bits": 4, "per_row": "auto", **HALF},
     "bits='auto'": {"quantize_bits": "auto", "per_row": "auto"},
+    "mixed 8/4 (fp16 scales)": {"bytes_budget": MIXED_BUDGET, "mixed_bits": (8, 4), **HALF},
+    "mixed 8/2 (fp16 scales)": {"bytes_budget": MIXED_BUDGET, "mixed_bits": (8, 2), **HALF},
 }
-TARGETS = {  # issue 42 at batch 64: (latency x float, bytes x float, CTR MAD), None: no target
+TARGETS = {  # issues 42 and 52 at batch 64: (latency x float, bytes x float, CTR MAD), None: no target
     "int8 tables (fp16 scales) + int8 MLPs": (0.8, 0.27, 1e-3),
+    "int8 tables (fp16 scales)": (0.8, 0.27, 1e-3),
     "int4 tables (fp16 scales)": (None, 0.16, 3e-3),
+    "mixed 8/4 (fp16 scales)": (None, 0.16, 3e-3),
+    "mixed 8/2 (fp16 scales)": (None, 0.16, 3e-3),
 }
+CALIBRATION_SAMPLES = 1_000_000  # samples whose ids (not a model run) tell mixed tables which rows are hot
 LOGIT_MEAN, LOGIT_STD = -1.2, 1.2
 
 
@@ -97,6 +106,30 @@ def make_feed(feats: list[tuple[int, int, bool]], n: int, rng: np.random.Generat
     lengths = rng.integers(0, BAG + 1, (n, multi.shape[1], 1))
     multi[np.arange(BAG) >= lengths] = 0  # padding
     return {"dense": rng.standard_normal((n, DENSE), np.float32), "single": single, "multi": multi}
+
+
+def calibration_ids(feats: list[tuple[int, int, bool]], n: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """The ids each feature's lookup reads in ``n`` samples (padding 0 included, as a model reads it)."""
+    return calibration_ids_of(feats, make_feed(feats, n, rng))
+
+
+def unseen_share(feats: list[tuple[int, int, bool]], calibration: list[np.ndarray],
+                 scored: dict[str, np.ndarray]) -> float:
+    """Share of the scored (non-padding) lookups that read a row no calibration id read: the held-back part."""
+    unseen = total = 0
+    for ids, scored_ids in zip(calibration, calibration_ids_of(feats, scored)):
+        seen = np.zeros(int(max(ids.max(), scored_ids.max())) + 1, bool)
+        seen[ids.reshape(-1)] = True
+        read = scored_ids[scored_ids != 0]
+        unseen += int((~seen[read]).sum())
+        total += read.size
+    return unseen / total
+
+
+def calibration_ids_of(feats: list[tuple[int, int, bool]], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """``feed``'s ids per feature, in the features' order."""
+    single, multi = iter(feed["single"].T), iter(feed["multi"].transpose(1, 0, 2))
+    return [next(multi) if m else next(single) for *_, m in feats]
 
 
 def build_net(feats: list[tuple[int, int, bool]], rng: np.random.Generator) -> Any:
@@ -207,6 +240,12 @@ def chosen_bits(reports: list[Any]) -> str:
     counts: dict[str, int] = {}
     for r in reports:
         q = r.choice.table
+        if hasattr(q, "hot_ids"):  # a mixed table (qembed.mixed)
+            hot, cold = q.bits
+            key = f"int{hot} hot {len(q.hot_ids) / r.shape[0]:.1%} / int{cold}" + (" + offsets" if q.cold.offsets
+                                                                                     is not None else "")
+            counts[key] = counts.get(key, 0) + 1
+            continue
         key = f"int{q.bits} {'per-row' if r.choice.per_row else 'one scale'}"
         key += (" + offsets" if q.offsets is not None else "") + (" fp16" if q.scale_dtype == "float16" else "")
         counts[key] = counts.get(key, 0) + 1
@@ -220,11 +259,20 @@ def in_child(fn: Callable[..., Any], *args: Any) -> Any:
         return pool.submit(fn, *args).result()
 
 
-def quantize(float_dir: Path, out_dir: Path, config: dict[str, Any]) -> tuple[Any, str]:
-    """One ``quant_embedding_model`` call; its files and how the tables were stored and read."""
+def quantize(float_dir: Path, out_dir: Path, config: dict[str, Any], feats: list[tuple[int, int, bool]],
+             calibration: list[np.ndarray]) -> tuple[Any, str]:
+    """One ``quant_embedding_model`` call (``calibration``: each feature's calibration ids); its files and how the
+    tables were stored and read."""
+    from qcore.graph import open_graph
+    from qcore.model_io import load_model
     from qembed import quant_embedding_model
 
-    files, reports = quant_embedding_model(float_dir, out_dir, config)
+    graph = open_graph(load_model(float_dir))
+    names = [graph.weight_operand(op).name for op in graph.ops(["lookup_table"])]  # the features' order
+    assert [graph.get_param(n).shape for n in names] == [(rows, width) for rows, width, _ in feats]
+    del graph
+    ids = dict(zip(names, calibration)) if "bytes_budget" in config else None
+    files, reports = quant_embedding_model(float_dir, out_dir, config, calibration_ids=ids)
     return files, f"{chosen_bits(reports)}; {reports[0].lookup}"
 
 
@@ -236,25 +284,46 @@ def measure(files: dict[str, Any], scored: dict[str, np.ndarray], timed: dict[in
     """Every model's predictor on each of :data:`BACKENDS` at once: CTRs on ``scored``, interleaved latency per
     batch size, relative to the fastest float predictor at that batch size; the float CTR's 5th / 50th / 95th
     percentiles."""
-    from qcore.inference import create_predictor, run_predictor
+    from qcore.inference import create_predictor
     from qcore.scoring import interleaved_latency
 
     predictors = {f"{name} @ {backend}": create_predictor(f, threads=2, backend=backend)
                   for name, f in files.items() for backend in BACKENDS}
-    ctr = {key: np.concatenate([run_predictor(p, {k: v[i : i + 512] for k, v in scored.items()})[0]
-                                for i in range(0, len(scored["dense"]), 512)]).ravel()
-           for key, p in predictors.items()}
-    reference = ctr[f"float @ {BACKENDS[0]}"]
-    labels = reference >= np.quantile(reference, 0.9)
+    ctr = {key: predict(p, scored) for key, p in predictors.items()}
     ms = {b: interleaved_latency(predictors, timed[b], repeats=repeats if b < 512 else max(repeats // 4, 3), warmup=3)
           for b in BATCHES}
     fastest_float = {b: min(ms[b][f"float @ {backend}"] for backend in BACKENDS) for b in BATCHES}
     rows = [{"name": name, "backend": backend, "bytes": dir_bytes(f.directory),
              "ms": {b: ms[b][f"{name} @ {backend}"] for b in BATCHES},
-             "x": {b: ms[b][f"{name} @ {backend}"] / fastest_float[b] for b in BATCHES},
-             "mad": float(np.mean(np.abs(ctr[f"{name} @ {backend}"] - reference))),
-             "auc": auc(labels, ctr[f"{name} @ {backend}"])}
+             "x": {b: ms[b][f"{name} @ {backend}"] / fastest_float[b] for b in BATCHES}}
             for name, f in files.items() for backend in BACKENDS]
+    return scores(rows, ctr, f"float @ {BACKENDS[0]}")
+
+
+def predict(predictor: Any, scored: dict[str, np.ndarray]) -> np.ndarray:
+    """The predicted CTRs of ``scored``, 512 samples at a time."""
+    from qcore.inference import run_predictor
+
+    return np.concatenate([run_predictor(predictor, {k: v[i : i + 512] for k, v in scored.items()})[0]
+                           for i in range(0, len(scored["dense"]), 512)]).ravel()
+
+
+def score_one(files: Any, scored: dict[str, np.ndarray]) -> np.ndarray:
+    """One model's CTRs on ``scored`` in Paddle Inference without oneDNN (``--accuracy-only``: nothing timed)."""
+    from qcore.inference import create_predictor
+
+    return predict(create_predictor(files, threads=2, backend="native"), scored)
+
+
+def scores(rows: list[dict[str, Any]], ctr: dict[str, np.ndarray], float_key: str) -> tuple[list[dict[str, Any]],
+                                                                                          np.ndarray]:
+    """``rows`` with each one's CTR MAD against float and AUC of float's top-decile labels; float's CTR 5/50/95th
+    percentiles."""
+    reference = ctr[float_key]
+    labels = reference >= np.quantile(reference, 0.9)
+    for r in rows:
+        got = ctr[f"{r['name']} @ {r['backend']}"]
+        r.update(mad=float(np.mean(np.abs(got - reference))), auc=auc(labels, got))
     return rows, np.percentile(reference, [5, 50, 95])
 
 
@@ -265,10 +334,14 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8192, help="samples scored for CTR difference and AUC")
     parser.add_argument("--fused", choices=["auto", "on", "off"], default="auto",
                         help="also each variant with the compiled lookup (auto: where qembed.build_ext built it)")
+    parser.add_argument("--accuracy-only", action="store_true",
+                        help="bytes, CTR MAD and AUC only (native backend, nothing timed, no fused variants)")
+    parser.add_argument("--families", nargs="+", choices=["pir", "legacy"], default=["pir", "legacy"],
+                        help="program families to quantize (mixed tables: PIR only)")
     parser.add_argument("--out", type=Path, default=None, help="results file (default: results/embed_dlrm.md)")
     args = parser.parse_args()
     repeats = 3 if args.quick else args.repeats
-    todo = with_fused(VARIANTS, args.fused)
+    todo = dict(VARIANTS) if args.accuracy_only else with_fused(VARIANTS, args.fused)
     import paddle
 
     from qcore.model_io import find_model_files
@@ -278,24 +351,45 @@ def main() -> None:
     rng = np.random.default_rng(1)
     scored = make_feed(feats, 1024 if args.quick else args.samples, rng)
     timed = {b: make_feed(feats, b, rng) for b in BATCHES}
+    n_calibration = 20_000 if args.quick else CALIBRATION_SAMPLES
+    calibration = calibration_ids(feats, n_calibration, np.random.default_rng(2))  # apart from the scored samples
+    unseen = unseen_share(feats, calibration, scored)
     results: list[dict[str, Any]] = []
+    skipped: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         float_dirs = in_child(save_float_models, feats, Path(tmp))
-        for family, float_dir in float_dirs.items():
+        for family in args.families:
+            float_dir = float_dirs[family]
             files, forms = {"float": find_model_files(float_dir)}, {"float": "float"}
             for name, config in todo.items():
-                if config is not None:
-                    out = Path(tmp) / family / name.replace(" ", "_")
-                    files[name], forms[name] = in_child(quantize, float_dir, out, config)
-            family_results, ctr_spread = in_child(measure, files, scored, timed, repeats)
+                if config is None:
+                    continue
+                if family == "legacy" and "bytes_budget" in config:
+                    skipped.append(f"{family} {name}")  # mixed tables are written into PIR programs only
+                    continue
+                out = Path(tmp) / family / name.replace(" ", "_").replace("/", "-")
+                files[name], forms[name] = in_child(quantize, float_dir, out, config, feats, calibration)
+            if args.accuracy_only:
+                rows = [{"name": name, "backend": "native", "bytes": dir_bytes(f.directory)}
+                        for name, f in files.items()]
+                ctr = {f"{name} @ native": in_child(score_one, f, scored) for name, f in files.items()}
+                family_results, ctr_spread = scores(rows, ctr, "float @ native")
+            else:
+                family_results, ctr_spread = in_child(measure, files, scored, timed, repeats)
             for r in family_results:
                 r.update(family=family, form=forms[r["name"]])
-                print(family, r["name"], r["backend"], f"{r['bytes'] / 2**20:.1f} MiB",
-                      {b: f"{r['x'][b]:.2f}x" for b in BATCHES},
+                timing = "" if args.accuracy_only else {b: f"{r['x'][b]:.2f}x" for b in BATCHES}
+                print(family, r["name"], r["backend"], f"{r['bytes'] / 2**20:.1f} MiB", timing,
                       f"MAD {r['mad']:.2e} AUC {r['auc']:.4f}", r["form"], flush=True)
             results += family_results
     float_bytes = {r["family"]: r["bytes"] for r in results if r["name"] == "float"}
     table_bytes = sum(rows * width * 4 for rows, width, _ in feats)
+    timing_note = ("Accuracy only (`--accuracy-only`): nothing timed, Paddle Inference without oneDNN. "
+                   if args.accuracy_only else
+                   "Latency: median ms of interleaved runs in `qcore.inference.create_predictor` "
+                   f"(oneDNN and native, 2 threads; {repeats} rounds at batch 1 and 64, {max(repeats // 4, 3)} at "
+                   "512). "
+                   "x: ms over the fastest float predictor's ms (oneDNN or native) at that batch size. ")
     lines = [
         "# A recommender-shaped model: DLRM-style tables + MLPs quantized in one call (paddle.inference)",
         "",
@@ -306,23 +400,30 @@ def main() -> None:
         f"{DENSE} dense features, bottom MLP {DENSE}-256-64-16, pairwise dots of 27 vectors, top MLP 367-512-256-1, "
         "sigmoid; random weights (log-normal row norms), Zipf(1.1) ids, float CTR 5/50/95th percentiles "
         f"{ctr_spread[0]:.3f} / {ctr_spread[1]:.3f} / {ctr_spread[2]:.3f}. Each variant is one "
-        "`quant_embedding_model` call. Latency: median ms of interleaved runs in `qcore.inference.create_predictor` "
-        f"(oneDNN and native, 2 threads; {repeats} rounds at batch 1 and 64, {max(repeats // 4, 3)} at 512). "
-        "x: ms over the fastest float predictor's ms (oneDNN or native) at that batch size. CTR MAD: mean "
-        f"|CTR - float CTR| over {len(scored['dense'])} samples; AUC: of the float model's own top-decile labels. "
-        f"Machine: {describe_cpu()}, Paddle {paddle.__version__}. Produced by `benchmarks/embed_dlrm.py`.",
+        "`quant_embedding_model` call; mixed tables (`bytes_budget`, budget per table "
+        f"{MIXED_BUDGET}) count rows in the ids of {n_calibration:,} calibration samples. " + timing_note
+        + f"CTR MAD: mean |CTR - float CTR| over {len(scored['dense'])} held-back samples (drawn apart from the "
+        f"calibration samples; {unseen:.1%} of their lookups read a row no calibration id read); AUC: of the float "
+        f"model's own top-decile labels. Machine: {describe_cpu()}, Paddle {paddle.__version__}. "
+        "Produced by `benchmarks/embed_dlrm.py" + (" --accuracy-only" if args.accuracy_only else "") + "`.",
         "",
-        "Targets (issue 42, batch 64), on the float16-scale variants: int8 tables + int8 MLPs <= 0.8x float "
-        "latency at <= 0.27x bytes and CTR MAD <= 1e-3; int4 tables <= 0.16x bytes at CTR MAD <= 3e-3.",
+        "Targets (issues 42 and 52, batch 64), on the float16-scale variants: int8 tables <= 0.8x float latency at "
+        "<= 0.27x bytes and CTR MAD <= 1e-3; int4 and mixed 4/8-bit tables <= 0.16x bytes at CTR MAD <= 3e-3.",
         "",
-        "| IR | variant | tables as | backend | MiB | x float | b=1 ms | x | b=64 ms | x | b=512 ms | x | CTR MAD "
-        "| AUC |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    if args.accuracy_only:
+        lines += ["| IR | variant | tables as | backend | MiB | x float | CTR MAD | AUC |",
+                  "|---|---|---|---|---:|---:|---:|---:|"]
+    else:
+        lines += ["| IR | variant | tables as | backend | MiB | x float | b=1 ms | x | b=64 ms | x | b=512 ms | x "
+                  "| CTR MAD | AUC |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        cells = " | ".join(f"{r['ms'][b]:.2f} | {r['x'][b]:.2f}" for b in BATCHES)
+        cells = "" if args.accuracy_only else " | ".join(f"{r['ms'][b]:.2f} | {r['x'][b]:.2f}" for b in BATCHES) + " |"
         lines.append(f"| {r['family']} | {r['name']} | {r['form']} | {r['backend']} | {r['bytes'] / 2**20:.1f} | "
-                     f"{r['bytes'] / float_bytes[r['family']]:.3f} | {cells} | {r['mad']:.2e} | {r['auc']:.4f} |")
+                     f"{r['bytes'] / float_bytes[r['family']]:.3f} | {cells} {r['mad']:.2e} | {r['auc']:.4f} |"
+                     .replace("|  ", "| "))
+    if skipped:
+        lines += ["", f"Not run: {', '.join(skipped)} (mixed-precision tables are written into PIR programs only)."]
     lines += ["", "Against the targets:", ""]
     for r in results:
         target = TARGETS.get(r["name"].removesuffix(", fused"))
@@ -332,16 +433,16 @@ def main() -> None:
         x_bytes = r["bytes"] / float_bytes[r["family"]]
         checks = [f"bytes {x_bytes:.3f}x {'<=' if x_bytes <= size else '>'} {size}",
                   f"CTR MAD {r['mad']:.1e} {'<=' if r['mad'] <= mad else '>'} {mad:.0e}"]
-        if lat is not None:
+        if lat is not None and not args.accuracy_only:
             checks.insert(0, f"b=64 latency {r['x'][64]:.2f}x {'<=' if r['x'][64] <= lat else '>'} {lat}")
         lines.append(f"* {r['family']}, {r['name']} on {r['backend']}: " + "; ".join(checks))
-    out = args.out or (None if args.quick else RESULTS / "embed_dlrm.md")
+    out = args.out or (None if args.quick else RESULTS / ("embed_dlrm_accuracy.md" if args.accuracy_only
+                                                          else "embed_dlrm.md"))
     text = "\n".join(lines) + "\n"
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_bytes(out, text.encode())
     print(text)
-
 
 if __name__ == "__main__":
     main()

@@ -27,7 +27,8 @@ def _params_bytes(files):
 @pytest.mark.parametrize("config,max_err,ratio", [
     ({"quantize_op_types": ["lookup_table"], "lookup_table": {"quantize_type": "abs_max"}}, 0.05, (0.24, 0.3)),
     ({"lookup_table": {"quantize_type": "log", "per_row": True}}, 0.02, (0.24, 0.3)),
-    ({"quantize_bits": 4, "per_row": True}, 0.1, (0.12, 0.19)),  # two codes a byte, + scale and offset per row
+    # two codes a byte, + scale and offset per row (the refined affine grid passes asymmetric="auto"'s rule here)
+    ({"quantize_bits": 4, "per_row": True}, 0.1, (0.12, 0.2)),
 ])
 def test_saved_model_runs_quantized_in_executor_and_inference(emb_model, ids, tmp_path, config, max_err, ratio):
     directory, kwargs, fmt = emb_model

@@ -11,6 +11,8 @@ Older form (flat keys, one table named by ``params_name``)::
 Flat per-table keys also act as defaults for every op type, so both forms mix. ``per_row``
 (False, True or "auto") is ours, not the seeds'; it defaults to False, the seeds' whole-table scale.
 ``scale_dtype`` ("float32" or "float16", ours) is how per-row scales and offsets are stored.
+``bytes_budget`` (ours, a fraction of the float32 table's bytes) stores the rows read most often in the calibration
+ids passed to ``quant_embedding`` at ``mixed_bits[0]`` bits and the others at ``mixed_bits[1]`` (:mod:`qembed.mixed`).
 ``fused_lookup`` (False, True or "auto") is ours too: read the tables with the compiled ``qembed_lookup``
 op (:mod:`qembed.ext`) instead of the op sequence; "auto" where it is built. ``weights`` (ours) also stores
 the model's other weights weight-only (``{"weights": {"weight_bits": 8}}``: every fc / matmul / conv / gru
@@ -30,11 +32,12 @@ from qcore.config import short_repr, validate_bits, validate_choice, validate_na
 from qcore.constants import EMBEDDING_OP_TYPES, EMBEDDING_QUANTIZE_TYPES, WEIGHT_ONLY_OP_TYPES
 from qcore.errors import ConfigError, did_you_mean
 
+from .mixed import MIXED_BITS, check_bytes_budget, check_mixed_bits
 from .table import DEFAULT_MAX_ERROR, SCALE_DTYPES
 
 PerRow = Union[bool, str]  # True, False or "auto"
 TABLE_KEYS = ("quantize_type", "quantize_bits", "dtype", "threshold", "per_row", "asymmetric", "max_error",
-              "scale_dtype")
+              "scale_dtype", "bytes_budget", "mixed_bits")
 TOP_KEYS = ("quantize_op_types", "params_name", "fused_lookup", "weights")
 WEIGHTS_KEYS = ("quantizable_op_type", "weight_bits")  # quant_post_dynamic's names
 WEIGHT_BITS = (8, 16)
@@ -58,6 +61,8 @@ class TableConfig:
     asymmetric: bool | str = "auto"  # per-row offsets for <= 4-bit rows: where they help ("auto")
     max_error: float = DEFAULT_MAX_ERROR  # quantize_bits="auto"'s budget (relative RMS error of the table)
     scale_dtype: str = "float32"  # per-row scales and offsets: "float16" halves their bytes (one scale stays float32)
+    bytes_budget: float | None = None  # mixed precision (qembed.mixed): stored bytes as a fraction of float32's
+    mixed_bits: tuple[int, int] = MIXED_BITS  # (hot, cold) widths under bytes_budget
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], where: str) -> TableConfig:
@@ -68,6 +73,14 @@ class TableConfig:
                     f"unknown key {short_repr(key)} in {where}{hint}; valid keys: {', '.join(TABLE_KEYS)}"
                 )
         merged = {**cls().__dict__, **values}
+        budget = check_bytes_budget(merged["bytes_budget"])
+        if budget is not None:
+            clashing = [f"{k}={short_repr(v)}" for k, v in values.items()
+                        if (k, v) in (("quantize_type", "log"), ("per_row", False))
+                        or (k in ("quantize_bits", "threshold") and v is not None)]
+            if clashing:
+                raise ConfigError(f"bytes_budget chooses each row's bits on per-row abs_max grids, so {clashing[0]} "
+                                  f"in {where} does not apply; drop it (mixed_bits sets the widths)")
         return cls(
             quantize_type=validate_choice("quantize_type", merged["quantize_type"], EMBEDDING_QUANTIZE_TYPES),
             quantize_bits=_bits(merged["quantize_bits"]),
@@ -77,6 +90,8 @@ class TableConfig:
             asymmetric=validate_choice("asymmetric", merged["asymmetric"], ASYMMETRIC_CHOICES),
             max_error=_max_error(merged["max_error"]),
             scale_dtype=validate_choice("scale_dtype", merged["scale_dtype"], SCALE_DTYPES),
+            bytes_budget=budget,
+            mixed_bits=check_mixed_bits(merged["mixed_bits"]),
         )
 
 

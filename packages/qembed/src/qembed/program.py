@@ -21,14 +21,15 @@ import paddle
 
 from qcore.constants import EMBEDDING_OP_TYPES
 from qcore.deploy import Deployment
-from qcore.errors import DataError, GraphError, did_you_mean
-from qcore.graph import Graph, OpRef, open_graph
+from qcore.errors import ConfigError, DataError, GraphError, did_you_mean
+from qcore.graph import Graph, OpRef, RowSet, open_graph
 from qcore.model_io import Model, ModelFiles, check_model_output, load_model
 from qcore.optable import LOOKUP, seed_types
 from qcore.quant import LN2, qmax
 
 from . import ext
 from .config import EmbeddingConfig, TableConfig
+from .mixed import MixedTable, quantize_mixed, row_counts
 from .table import TableChoice, choose_table_quantization
 
 # The op types each seed op type covers (qcore.optable.OP_TABLE names): the table's lookups that
@@ -40,7 +41,11 @@ OP_FAMILIES = {seed: (seed,) for seed in EMBEDDING_OP_TYPES} | {
 # and dequantized as a whole in front of the op. The file shrinks; run-time memory does not.
 WHOLE_TABLE_OPS = ("c_embedding", "pyramid_hash")
 NOT_IN_PADDLE_3 = "fused_embedding_seq_pool cannot occur: Paddle 3 no longer registers it"
-OP_SEQUENCE, FUSED, WHOLE_TABLE = "op sequence", f"fused ({ext.OP_TYPE})", "whole table"
+OP_SEQUENCE, FUSED, WHOLE_TABLE, MIXED = "op sequence", f"fused ({ext.OP_TYPE})", "whole table", "mixed (hot + cold)"
+#: The lookups a mixed-precision table is read by (``lookup_table`` v1 drops the ids' trailing 1: not these ops)
+MIXED_LOOKUPS = ("lookup_table_v2", "pd_op.embedding")
+#: ``calibration_ids``: table parameter name -> the ids its lookups read (any integer array)
+CalibrationIds = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,9 @@ class TableReport:
     def quantized_bytes(self) -> int:
         """Bytes of the stored table: codes (packed below 5 bits, except whole-table ops), scales, offsets."""
         q = self.choice.table
-        return int(np.prod(self.shape)) + q.scales.size * 4 if self.whole_table else q.stored_bytes
+        if self.whole_table and not isinstance(q, MixedTable):
+            return int(np.prod(self.shape)) + q.scales.size * 4
+        return q.stored_bytes
 
 
 def program_family(program: Any) -> str:
@@ -78,7 +85,8 @@ def program_family(program: Any) -> str:
 
 
 def quant_embedding(
-    program: Any, place: Any = None, config: Mapping[str, Any] | None = None, scope: Any = None
+    program: Any, place: Any = None, config: Mapping[str, Any] | None = None, scope: Any = None,
+    calibration_ids: CalibrationIds | None = None,
 ) -> Any:
     """Quantize the embedding tables of ``program`` (the seeds' API); returns the program.
 
@@ -87,14 +95,15 @@ def quant_embedding(
     ``weights``, the float weights) leave the program and ``scope`` (default: the global scope), so
     every way of saving (``save_inference_model``, ``save_persistables``, ``save_vars`` over the
     persistables) writes only the quantized ones.
-    ``place`` is accepted for compatibility; tables are written on the CPU.
+    ``place`` is accepted for compatibility; tables are written on the CPU. ``calibration_ids`` (table name ->
+    ids read from it) tell the tables with a ``bytes_budget`` which rows are hot.
     """
     del place
     family = program_family(program)
     model = Model(program, [], [], scope or paddle.static.global_scope(), family)  # type: ignore[arg-type]
     graph = open_graph(model)
     before = graph.param_names()
-    quantize_tables(graph, config)
+    quantize_tables(graph, config, calibration_ids)
     read = set(graph.param_names())
     model.scope.erase([name for name in before if name not in read])  # the float tables (weights) no op reads now
     return program
@@ -108,10 +117,12 @@ def quant_embedding_model(
     params_filename: str | None = None,
     save_model_filename: str | None = None,
     save_params_filename: str | None = None,
+    calibration_ids: CalibrationIds | None = None,
 ) -> tuple[ModelFiles, list[TableReport]]:
     """Quantize a saved model's tables into ``save_dir`` (same family and file layout by default).
 
     The input files are never modified. Returns where the output went and one report per table.
+    ``calibration_ids`` as in :func:`quant_embedding`.
     """
     model = load_model(model_dir, model_filename, params_filename)
     source = model.source
@@ -121,11 +132,12 @@ def quant_embedding_model(
         save_params_filename = source.params_file.name if source.params_file else None
     check_model_output(save_dir, model.family, save_model_filename, save_params_filename, source)
     graph = open_graph(model)
-    reports = quantize_tables(graph, config)
+    reports = quantize_tables(graph, config, calibration_ids)
     return graph.save(save_dir, save_model_filename, save_params_filename), reports
 
 
-def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> list[TableReport]:
+def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None,
+                    calibration_ids: CalibrationIds | None = None) -> list[TableReport]:
     """Rewrite every matched lookup of ``graph``; one :class:`TableReport` per table."""
     cfg = EmbeddingConfig.from_dict(config)
     fused_op = _fused_op(cfg.fused_lookup)
@@ -136,6 +148,10 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> li
         if weight is not None:  # None: the table is not a float parameter (already quantized)
             tables.setdefault(weight.name, []).append(op)
     _check_found(tables, cfg)
+    for name in calibration_ids or {}:
+        if name not in tables:
+            raise ConfigError(f"calibration_ids names {name!r}, which is not the table of any lookup"
+                              f"{did_you_mean(str(name), tables)}; tables found: {', '.join(sorted(tables))}")
     # Every table is checked and quantized before the first rewrite, so bad input changes nothing.
     planned = []
     for name, ops in tables.items():
@@ -149,6 +165,16 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> li
                 "dequantized as a whole by Paddle's linear dequantize; use quantize_type 'abs_max' for it"
             )
         table = _float32_table(graph, name)
+        if table_cfg.bytes_budget is not None:
+            counts = _calibration_counts(graph, name, ops, whole_table, calibration_ids, table.shape[0])
+            padding = [p for p in (graph.attr(op, "padding_idx", -1) for op in ops) if p is not None and p >= 0]
+            try:
+                choice = quantize_mixed(table, counts, table_cfg.bytes_budget, table_cfg.mixed_bits,
+                                        table_cfg.asymmetric, table_cfg.scale_dtype, never_hot=padding)
+            except DataError as exc:
+                raise DataError(f"table {name!r}: {exc}") from None
+            planned.append((name, ops, table.shape, choice, False))
+            continue
         try:
             choice = choose_table_quantization(
                 table, table_cfg.quantize_type, table_cfg.quantize_bits, table_cfg.per_row, table_cfg.threshold,
@@ -161,6 +187,14 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> li
     reports = []
     for name, ops, shape, choice, whole_table in planned:
         q = choice.table
+        if isinstance(q, MixedTable):
+            cold, hot = (RowSet(t.codes, t.scales, t.bits, t.offsets) for t in (q.cold, q.hot))
+            for op in ops:
+                graph.quantize_mixed_lookup(op, cold, hot, q.position_bytes)
+            graph.drop_param_if_unused(name)
+            reports.append(TableReport(name, tuple(sorted({o.seed_type or "" for o in ops})), shape, choice,
+                                       lookup=MIXED))
+            continue
         log_step = (q.log_step or LN2) if q.quantize_type == "log" else None
         for op in ops:
             if whole_table:
@@ -177,6 +211,19 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None) -> li
     if cfg.weights is not None:
         Deployment().store_weights(graph, graph.ops(cfg.weights.op_types), cfg.weights.bits)
     return reports
+
+
+def _calibration_counts(graph: Graph, name: str, ops: list[OpRef], whole_table: bool,
+                        calibration_ids: CalibrationIds | None, rows: int) -> np.ndarray:
+    """Reads per row of table ``name`` in its calibration ids; one error line when a mixed table cannot be made."""
+    if whole_table or any(op.type not in MIXED_LOOKUPS for op in ops):
+        raise GraphError(f"table {name!r} is read by {ops[0].type}, which a mixed-precision table cannot replace "
+                         f"(only {' / '.join(MIXED_LOOKUPS)}); leave it out of bytes_budget (params_name, or a "
+                         "per-op-type config)")
+    if calibration_ids is None or name not in calibration_ids:
+        raise ConfigError(f"table {name!r} has a bytes_budget but no calibration ids; pass calibration_ids="
+                          f"{{{name!r}: ids}} with ids its lookups read (a sample of real traffic)")
+    return row_counts(calibration_ids[name], rows, f"calibration_ids[{name!r}]")
 
 
 def _fused_op(fused_lookup: bool | str) -> str | None:

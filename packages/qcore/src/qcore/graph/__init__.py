@@ -7,7 +7,7 @@ primitives; :class:`Dataflow` (``dataflow.py``) answers producer and reader quer
 
 from ..model_io import Model
 from ..optable import OP_TABLE, OpKind, OpSpec, backend_names
-from .base import Graph, Operand, OpRef, QuantizedWeight
+from .base import Graph, Operand, OpRef, QuantizedWeight, RowSet
 from .dataflow import Dataflow
 from .legacy import LegacyGraph
 from .pir import PirGraph
@@ -29,6 +29,7 @@ __all__ = [
     "OpSpec",
     "Operand",
     "QuantizedWeight",
+    "RowSet",
     "backend_names",
     "open_graph",
     "quantize_op",

@@ -75,6 +75,17 @@ class LookupTables:
 
 
 @dataclass(frozen=True)
+class RowSet:
+    """One row set of a mixed-precision table (:meth:`Graph.quantize_mixed_lookup`): int8 codes ``[rows, dim]``, one
+    scale per row (float32 or float16), per-row offsets (affine rows, unsigned codes) or None, and the code width."""
+
+    codes: np.ndarray
+    scales: np.ndarray
+    bits: int
+    offsets: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
 class QuantizedWeight:
     """What :meth:`Graph.quantize_weight` stored: integer codes and thresholds per channel."""
 
@@ -520,6 +531,45 @@ class Graph(ABC):
                 self._build_lookup_dq(op, weight, self._weight_dq[key])
             else:
                 self._build_lookup_fused(op, self._weight_dq[key], fused_op)
+
+    def quantize_mixed_lookup(self, op: OpRef, cold: RowSet, hot: RowSet, position_bytes: int) -> None:
+        """Make the lookup ``op`` read a table stored as two row sets (qembed's mixed precision).
+
+        ``cold`` covers every row; a row whose cold scale is 0 reads zeros there, and the first ``position_bytes``
+        stored bytes of its cold row, read as signed digits ``sum(byte_k * 256**k)``, give its row in ``hot``
+        (0 for the others: ``hot`` row 0 is zeros). The lookup is the sum of both sets' dequantized rows, each set
+        read like a :meth:`quantize_lookup` table (per-row scales and offsets, packed codes), so one of the two
+        terms is zeros and the result is bit-equal to that set's rows.
+        """
+        weight = self.weight_operand(op)
+        if weight is None:
+            raise GraphError(f"{op!r} has no parameter table to quantize")
+        rows, dim = self.get_param(weight.name).shape
+        for part, name in ((cold, "cold"), (hot, "hot")):
+            if part.codes.dtype != np.int8 or part.codes.shape[1] != dim or part.scales.size != len(part.codes):
+                raise GraphError(f"the {name} rows of {weight.name!r} need int8 codes of {dim} values and one scale "
+                                 "per row")
+        if len(cold.codes) != rows or not 1 <= position_bytes <= 3:
+            raise GraphError(f"the cold rows of {weight.name!r} must cover its {rows} rows and hold a position in "
+                             "1 to 3 bytes")
+        with self._editing():
+            key = weight.name
+            if key not in self._weight_dq:
+                sets = [self._lookup_params(op, f"{key}.{name}", part.codes, self._row_scales(part.scales), None,
+                                            part.bits, part.offsets) for part, name in ((cold, "cold"), (hot, "hot"))]
+                weights = self._add_param(self._new_param_name(f"{key}@position_weights"),
+                                          256.0 ** np.arange(position_bytes, dtype=np.float32), op)
+                self._weight_dq[key] = (*sets, weights)
+            self._build_mixed_lookup_dq(op, weight, *self._weight_dq[key])
+
+    @staticmethod
+    def _row_scales(scales: np.ndarray) -> np.ndarray:
+        scales = np.asarray(scales).reshape(-1)
+        return scales if scales.dtype == np.float16 else scales.astype(np.float32)
+
+    @abstractmethod
+    def _build_mixed_lookup_dq(self, op: OpRef, weight: Operand, cold: LookupTables, hot: LookupTables,
+                               weights: Any) -> None: ...
 
     def _lookup_params(self, op: OpRef, key: str, codes: np.ndarray, scales: np.ndarray, log_step: float | None,
                        bits: int, offsets: np.ndarray | None, fused: bool = False) -> LookupTables:

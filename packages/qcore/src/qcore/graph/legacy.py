@@ -274,14 +274,61 @@ class LegacyGraph(Graph):
     def _build_lookup_dq(self, op: OpRef, weight: Operand, tables: LookupTables) -> None:
         ids_slot, out_slot = ("x", "out") if op.type == "embedding_with_scaled_gradient" else ("Ids", "Out")
         out = op.raw.output(out_slot)[0]
+        padding = {a: op.raw.attr(a) for a in ("padding_idx",) if op.raw.has_attr(a)}
+        rows = self._stored_rows(op, weight, tables, out, out_slot, drop_padding=tables.per_row)
+        lookup = "lookup_table" if op.type == "lookup_table" else "lookup_table_v2"  # v1 drops a trailing 1
+        add = self._writer(self._index(op.raw) + 1, out)
+        self._dequantized_rows(add, rows, op.raw.input(ids_slot)[0], tables, lookup, padding, out, out)
+
+    def _build_mixed_lookup_dq(self, op: OpRef, weight: Operand, cold: LookupTables, hot: LookupTables,
+                               weights: Any) -> None:
+        if op.type != "lookup_table_v2":
+            raise GraphError(f"a mixed-precision table is read by lookup_table_v2 ops in legacy programs, not by "
+                             f"{op.type}; leave this table out of bytes_budget")
+        out = op.raw.output("Out")[0]
+        padding = {a: op.raw.attr(a) for a in ("padding_idx",) if op.raw.has_attr(a)}
+        rows = self._stored_rows(op, weight, cold, out, "Out", drop_padding=True)
+        add = self._writer(self._index(op.raw) + 1, out)
+        ids = op.raw.input("Ids")[0]
+        lookup, last = "lookup_table_v2", len(self.block.var(out).shape) - 1
+        cold_value = self._dequantized_rows(add, rows, ids, cold, lookup, padding, out, None)
+        scale = add(lookup, {"Ids": ids, "W": cold.scale}, {})  # unpadded: a padding row is never hot
+        if cold.half:
+            scale = add("cast", {"X": scale}, {"in_dtype": core.VarDesc.VarType.FP16,
+                                               "out_dtype": core.VarDesc.VarType.FP32})
+        is_hot = add("scale", {"X": add("sign", {"X": add("abs", {"X": scale}, {})}, {})},
+                     {"scale": -1.0, "bias": 1.0})
+        count = self.block.var(weights).shape[0]
+        digits = add("slice", {"Input": rows}, {"axes": [last], "starts": [0], "ends": [count], "decrease_axis": [],
+                                                "infer_flags": [1]})
+        digits = add("cast", {"X": digits}, {"in_dtype": _INT_DTYPES[8], "out_dtype": core.VarDesc.VarType.FP32})
+        weighted = add("elementwise_mul", {"X": add("elementwise_mul", {"X": digits, "Y": weights}, {"axis": -1}),
+                                           "Y": is_hot}, {"axis": -1})
+        position = add("reduce_sum", {"X": weighted}, {"dim": [last], "keep_dim": False, "reduce_all": False})
+        hot_ids = add("cast", {"X": position}, {"in_dtype": core.VarDesc.VarType.FP32,
+                                                "out_dtype": core.VarDesc.VarType.INT64})
+        stored = list(self.block.var(out).shape[:-1]) + [self.block.var(hot.codes).shape[1]]
+        hot_rows = self.block.create_var(name=self._new_var_name(f"{out}.hot.int8"), dtype="int8", shape=stored).name
+        add(lookup, {"Ids": hot_ids, "W": hot.codes}, {}, result=hot_rows)
+        hot_value = self._dequantized_rows(add, hot_rows, hot_ids, hot, lookup, {}, out, None)
+        add("elementwise_add", {"X": cold_value, "Y": hot_value}, {"axis": -1}, result=out)
+
+    def _stored_rows(self, op: OpRef, weight: Operand, tables: LookupTables, out: str, out_slot: str,
+                     drop_padding: bool) -> str:
+        """Make ``op`` look up ``tables.codes`` into a new int8 variable (returned) instead of ``out``; per row, the
+        scale lookup zeroes the padding row, so the int8 lookup drops it (paddle2onnx 2.1 aborts on an int8 table
+        with one)."""
         stored = list(self.block.var(out).shape[:-1]) + [self.block.var(tables.codes).shape[1]]
         rows = self.block.create_var(name=self._new_var_name(f"{out}.int8"), dtype="int8", shape=stored)
         op.raw._rename_input(weight.value, tables.codes)
         op.raw._rename_output(out, rows.name)
-        at = self._index(op.raw) + 1
-        ids = op.raw.input(ids_slot)[0]
-        lookup = "lookup_table" if op.type == "lookup_table" else "lookup_table_v2"  # v1 drops a trailing 1
-        padding = {a: op.raw.attr(a) for a in ("padding_idx",) if op.raw.has_attr(a)}
+        if drop_padding and op.raw.has_attr("padding_idx"):
+            op.raw._set_attr("padding_idx", -1)
+        return rows.name
+
+    def _writer(self, at: int, out: str) -> Any:
+        """``add(op_type, inputs, attrs, result=None, extra=None)``: insert ops one after another from ``at``;
+        each returns its output (a new variable shaped like ``out`` unless ``result`` is given)."""
 
         def add(op_type: str, inputs: dict[str, str], attrs: dict[str, Any], result: str | None = None,
                 extra: dict[str, str] | None = None) -> str:
@@ -294,9 +341,14 @@ class LegacyGraph(Graph):
             at += 1
             return result
 
+        return add
+
+    def _dequantized_rows(self, add: Any, rows: str, ids: str, tables: LookupTables, lookup: str,
+                          padding: dict[str, Any], out: str, result: str | None) -> str:
+        """Ops turning the int8 ``rows`` looked up with ``ids`` into float32 rows (into ``result`` if given)."""
         if tables.byte_values is not None:  # packed: byte + 128 indexes the values of its codes
             last = len(self.block.var(out).shape) - 1  # positive axes: the legacy kernels misread negative ones
-            index = add("cast", {"X": rows.name}, {"in_dtype": _INT_DTYPES[8], "out_dtype": core.VarDesc.VarType.INT64})
+            index = add("cast", {"X": rows}, {"in_dtype": _INT_DTYPES[8], "out_dtype": core.VarDesc.VarType.INT64})
             index = add("scale", {"X": index}, {"scale": 1.0, "bias": 128.0, "bias_after_scale": True})
             values = add("lookup_table_v2", {"Ids": index, "W": tables.byte_values}, {})
             xshape = self.block.create_var(name=self._new_var_name(f"{out}.xshape"), dtype="float32")
@@ -306,7 +358,7 @@ class LegacyGraph(Graph):
                 value = add("slice", {"Input": value}, {"axes": [last], "starts": [0], "ends": [tables.dim],
                                                         "decrease_axis": [], "infer_flags": [1]})
         else:
-            value = add("cast", {"X": rows.name}, {"in_dtype": _INT_DTYPES[8], "out_dtype": core.VarDesc.VarType.FP32})
+            value = add("cast", {"X": rows}, {"in_dtype": _INT_DTYPES[8], "out_dtype": core.VarDesc.VarType.FP32})
             if tables.log_step is not None:  # sign(c) * exp(log_step * (1 - |c|))
                 step = tables.log_step
                 sign = add("sign", {"X": value}, {})
@@ -319,16 +371,11 @@ class LegacyGraph(Graph):
             return add("cast", {"X": looked_up}, {"in_dtype": core.VarDesc.VarType.FP16,
                                                   "out_dtype": core.VarDesc.VarType.FP32})
 
-        scale = tables.scale
-        if tables.per_row:
-            if padding:  # the scale lookup zeroes the padding row; paddle2onnx 2.1 aborts on an int8 one with it
-                op.raw._set_attr("padding_idx", -1)
-            scale = row_values(scale)
+        scale = row_values(tables.scale) if tables.per_row else tables.scale
         if tables.offset is None:
-            add("elementwise_mul", {"X": value, "Y": scale}, {"axis": -1}, result=out)
-            return
+            return add("elementwise_mul", {"X": value, "Y": scale}, {"axis": -1}, result=result)
         scaled = add("elementwise_mul", {"X": value, "Y": scale}, {"axis": -1})
-        add("elementwise_add", {"X": scaled, "Y": row_values(tables.offset)}, {"axis": -1}, result=out)
+        return add("elementwise_add", {"X": scaled, "Y": row_values(tables.offset)}, {"axis": -1}, result=result)
 
     def _build_lookup_fused(self, op: OpRef, tables: LookupTables, op_type: str) -> None:
         ids_slot, out_slot = ("x", "out") if op.type == "embedding_with_scaled_gradient" else ("Ids", "Out")

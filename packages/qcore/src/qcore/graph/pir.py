@@ -297,33 +297,58 @@ class PirGraph(Graph):
             return paddle._C_ops.multiply(paddle._C_ops.cast(codes, paddle.float32), scale)
 
     def _build_lookup_dq(self, op: OpRef, weight: Operand, tables: LookupTables) -> None:
+        padding_idx = int(op.raw.attrs().get("padding_idx", -1))
+        last = len(op.raw.result(0).shape) - 1  # positive axes, as the legacy form needs
+        with self._inserting_before(op.raw):
+            value, _ = self._dequantized_rows(op.raw.operand_source(0), tables, padding_idx, last)
+        self._replace_result(op.raw, value)
+
+    def _build_mixed_lookup_dq(self, op: OpRef, weight: Operand, cold: LookupTables, hot: LookupTables,
+                               weights: Any) -> None:
         ids = op.raw.operand_source(0)
         padding_idx = int(op.raw.attrs().get("padding_idx", -1))
+        last = len(op.raw.result(0).shape) - 1
+        count = weights.shape[0]
+        with self._inserting_before(op.raw):
+            cold_value, stored = self._dequantized_rows(ids, cold, padding_idx, last)
+            scale = paddle._C_ops.embedding(ids, cold.scale, -1, False)  # unpadded: a padding row is never hot
+            if cold.half:
+                scale = paddle._C_ops.cast(scale, paddle.float32)
+            is_hot = paddle._C_ops.scale(paddle._C_ops.sign(paddle._C_ops.abs(scale)), -1.0, 1.0, True)
+            digits = paddle._C_ops.cast(paddle._C_ops.slice(stored, [last], [0], [count], [1], []), paddle.float32)
+            position = paddle._C_ops.sum(paddle._C_ops.multiply(paddle._C_ops.multiply(digits, weights), is_hot),
+                                         [last], paddle.float32, False)
+            hot_value, _ = self._dequantized_rows(paddle._C_ops.cast(position, paddle.int64), hot, -1, last)
+            value = paddle._C_ops.add(cold_value, hot_value)
+        self._replace_result(op.raw, value)
+
+    @staticmethod
+    def _dequantized_rows(ids: Any, tables: LookupTables, padding_idx: int, last: int) -> tuple[Any, Any]:
+        """The float32 rows of ``tables`` at ``ids`` and the stored (int8) rows they come from."""
         # per row, the scale lookup zeroes the padding row, so the int8 lookup needs no padding_idx (paddle2onnx
         # 2.1 aborts on an int8 table with one)
-        with self._inserting_before(op.raw):
-            rows = paddle._C_ops.embedding(ids, tables.codes, -1 if tables.per_row else padding_idx, False)
-            if tables.byte_values is not None:  # packed: byte + 128 indexes the values of its codes
-                last = len(op.raw.result(0).shape) - 1  # positive axes, as the legacy form needs
-                index = paddle._C_ops.scale(paddle._C_ops.cast(rows, paddle.int64), 1.0, 128.0, True)
-                value = paddle._C_ops.flatten(paddle._C_ops.embedding(index, tables.byte_values, -1, False), last,
-                                              last + 1)
-                if tables.padded:
-                    value = paddle._C_ops.slice(value, [last], [0], [tables.dim], [1], [])
-            else:
-                value = paddle._C_ops.cast(rows, paddle.float32)
-                if tables.log_step is not None:  # sign(c) * exp(log_step * (1 - |c|))
-                    step = tables.log_step
-                    power = paddle._C_ops.scale(paddle._C_ops.abs(value), -step, step, True)
-                    value = paddle._C_ops.multiply(paddle._C_ops.sign(value), paddle._C_ops.exp(power))
-            def row_values(table: Any) -> Any:  # a per-row table's looked-up values, as float32
-                looked_up = paddle._C_ops.embedding(ids, table, padding_idx, False)
-                return paddle._C_ops.cast(looked_up, paddle.float32) if tables.half else looked_up
+        rows = paddle._C_ops.embedding(ids, tables.codes, -1 if tables.per_row else padding_idx, False)
+        if tables.byte_values is not None:  # packed: byte + 128 indexes the values of its codes
+            index = paddle._C_ops.scale(paddle._C_ops.cast(rows, paddle.int64), 1.0, 128.0, True)
+            value = paddle._C_ops.flatten(paddle._C_ops.embedding(index, tables.byte_values, -1, False), last,
+                                          last + 1)
+            if tables.padded:
+                value = paddle._C_ops.slice(value, [last], [0], [tables.dim], [1], [])
+        else:
+            value = paddle._C_ops.cast(rows, paddle.float32)
+            if tables.log_step is not None:  # sign(c) * exp(log_step * (1 - |c|))
+                step = tables.log_step
+                power = paddle._C_ops.scale(paddle._C_ops.abs(value), -step, step, True)
+                value = paddle._C_ops.multiply(paddle._C_ops.sign(value), paddle._C_ops.exp(power))
 
-            value = paddle._C_ops.multiply(value, row_values(tables.scale) if tables.per_row else tables.scale)
-            if tables.offset is not None:
-                value = paddle._C_ops.add(value, row_values(tables.offset))
-        self._replace_result(op.raw, value)
+        def row_values(table: Any) -> Any:  # a per-row table's looked-up values, as float32
+            looked_up = paddle._C_ops.embedding(ids, table, padding_idx, False)
+            return paddle._C_ops.cast(looked_up, paddle.float32) if tables.half else looked_up
+
+        value = paddle._C_ops.multiply(value, row_values(tables.scale) if tables.per_row else tables.scale)
+        if tables.offset is not None:
+            value = paddle._C_ops.add(value, row_values(tables.offset))
+        return value, rows
 
     def _build_lookup_fused(self, op: OpRef, tables: LookupTables, op_type: str) -> None:
         padding_idx = int(op.raw.attrs().get("padding_idx", -1))
