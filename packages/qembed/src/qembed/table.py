@@ -25,7 +25,7 @@ import os
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -37,8 +37,11 @@ from qcore.outputs import check_output_dir, staged_output
 from qcore.packing import MAX_PACKED_BITS, packed_width
 from qcore.quant import LN2, check_log_step, fit_log_step, log_codes, log_dequantize, qmax
 
-if TYPE_CHECKING:
-    from .mixed import MixedTable
+
+class StoredRows(Protocol):
+    """A stored table of another layout (:class:`qembed.mixed.MixedTable`): what errors are measured on."""
+
+    def dequantize(self) -> NDArray[np.float32]: ...
 
 BLOCK_BYTES = 1 << 20  # fp32 bytes per work block: big enough to amortise numpy calls, small enough for L2
 READ_BYTES = 1 << 20  # .npy bytes read at a time: still in cache when they are quantized
@@ -409,7 +412,7 @@ class TableChoice:
     :mod:`qembed.mixed`): the relative error of the rows weighted by how often calibration ids read them.
     """
 
-    table: QuantizedTable | MixedTable
+    table: QuantizedTable | StoredRows
     per_row: bool
     whole_table_error: float
     per_row_error: float
@@ -432,7 +435,7 @@ AUTO_BITS = (2, 4, 8)
 DEFAULT_MAX_ERROR = 0.02
 
 
-def relative_error(table: ArrayLike, quantized: QuantizedTable | MixedTable) -> float:
+def relative_error(table: ArrayLike, quantized: QuantizedTable | StoredRows) -> float:
     """``||dequantized - table|| / ||table||`` (0 for an all-zero table)."""
     values = np.asarray(table, np.float32)
     norm = float(np.linalg.norm(values))
