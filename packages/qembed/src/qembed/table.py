@@ -347,6 +347,24 @@ def _least_squares_grid(block: NDArray[np.float32], codes: NDArray[np.float32],
     return scale.astype(np.float32), np.zeros_like(scale, dtype=np.float32)
 
 
+def _keep_better(block: NDArray[np.float32], scale: NDArray[np.float32], base: NDArray[np.float32], top: int,
+                 affine: bool, half: bool, best: NDArray[np.float32],
+                 found: tuple[NDArray[np.int8], NDArray[np.float32], NDArray[np.float32]]) -> NDArray[np.float32]:
+    """Encode ``block``'s rows on the grids ``(scale, base)`` (float16-rounded with ``half``); where a row's error is
+    below ``best``, store its codes, scale and offset in ``found`` and its error in ``best``. Returns the codes."""
+    if half:
+        scale = _to_half(scale, "embedding table", "scale", up=True).astype(np.float32)
+        base = _to_half(base, "embedding table", "offset").astype(np.float32)
+    step = np.where(scale > 0, scale, np.float32(1))[:, None]
+    c = np.clip(np.rint((block - base[:, None]) / step), 0 if affine else -top, top)
+    err = np.square(c * scale[:, None] + base[:, None] - block).sum(axis=1)
+    better = err < best
+    best[better] = err[better]
+    for target, value in zip(found, (c, scale, base)):
+        target[better] = value[better]
+    return c
+
+
 def searched_rows(table: ArrayLike, bits: int, affine: bool, half: bool = False) -> QuantizedTable:
     """Per-row grids of ``bits`` bits whose range is searched per row (:data:`CLIP_RATIOS`) for the least
     squared error: symmetric (codes ``-qmax .. qmax``) or ``affine`` (codes ``0 .. 2**bits - 1`` over
@@ -366,35 +384,15 @@ def searched_rows(table: ArrayLike, bits: int, affine: bool, half: bool = False)
         block = values[start : start + block_rows]
         lo, hi = (block.min(axis=1), block.max(axis=1)) if affine else (None, np.abs(block).max(axis=1))
         best = np.full(len(block), np.inf, np.float32)
+        found = (codes[start : start + len(block)], scales[start : start + len(block)],
+                 offsets[start : start + len(block)])
         for ratio in CLIP_RATIOS:
             r = np.float32(ratio)
             scale = (hi - lo) * r / top if affine else hi * r / top  # 0 for a constant row: codes 0
-            base = lo * r if affine else np.zeros_like(scale)
-            if half:
-                scale = _to_half(scale, "embedding table", "scale", up=True).astype(np.float32)
-                base = _to_half(base, "embedding table", "offset").astype(np.float32)
-            step = np.where(scale > 0, scale, np.float32(1))[:, None]
-            c = np.clip(np.rint((block - base[:, None]) / step), 0 if affine else -top, top)
-            err = np.square(c * scale[:, None] + base[:, None] - block).sum(axis=1)
-            better = err < best
-            best[better] = err[better]
-            codes[start : start + len(block)][better] = c[better]
-            scales[start : start + len(block)][better] = scale[better]
-            offsets[start : start + len(block)][better] = base[better]
-        c = codes[start : start + len(block)].astype(np.float32)
+            _keep_better(block, scale, lo * r if affine else np.zeros_like(scale), top, affine, half, best, found)
+        c = found[0].astype(np.float32)
         for _ in range(REFINE_STEPS):
-            scale, base = _least_squares_grid(block, c, affine)
-            if half:
-                scale = _to_half(scale, "embedding table", "scale", up=True).astype(np.float32)
-                base = _to_half(base, "embedding table", "offset").astype(np.float32)
-            step = np.where(scale > 0, scale, np.float32(1))[:, None]
-            c = np.clip(np.rint((block - base[:, None]) / step), 0 if affine else -top, top)
-            err = np.square(c * scale[:, None] + base[:, None] - block).sum(axis=1)
-            better = err < best
-            best[better] = err[better]
-            codes[start : start + len(block)][better] = c[better]
-            scales[start : start + len(block)][better] = scale[better]
-            offsets[start : start + len(block)][better] = base[better]
+            c = _keep_better(block, *_least_squares_grid(block, c, affine), top, affine, half, best, found)
     _check_not_all_zero(float(np.abs(values).max()), "embedding table")
     stored = np.float16 if half else np.float32
     return QuantizedTable(codes, scales.astype(stored), "abs_max", bits,
