@@ -20,6 +20,7 @@ import paddle.nn.functional as F
 from paddle import nn
 
 from .config import DecoderConfig
+from .layout import rotary_frequencies
 
 MASKED = -1e30  # added to the scores of hidden positions; exp() of it is exactly 0 in float32
 
@@ -38,8 +39,7 @@ class RMSNorm(nn.Layer):
 
 def inverse_frequencies(head_dim: int, theta: float) -> paddle.Tensor:
     """``theta ** (-2i / head_dim)`` for ``i < head_dim / 2``, float32 (the rotary frequencies)."""
-    dims = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
-    return paddle.to_tensor((1.0 / np.power(np.float32(theta), dims)).astype(np.float32))
+    return paddle.to_tensor(rotary_frequencies(head_dim, theta))
 
 
 def rotary_tables(pos: paddle.Tensor, inv_freq: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:

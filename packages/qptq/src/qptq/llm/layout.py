@@ -48,12 +48,17 @@ class DecoderLayout:
                    (None,) * cfg.num_layers, (cfg.rope_theta,) * cfg.num_layers)
 
 
+def rotary_frequencies(head_dim: int, theta: float) -> np.ndarray:
+    """``theta ** (-2i / head_dim)`` for ``i < head_dim / 2``, float32: the rotary frequencies of every port and
+    graph writer."""
+    dims = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    return (1.0 / np.power(np.float32(theta), dims)).astype(np.float32)
+
+
 def rotary_cache(theta: float, head_dim: int, positions: int) -> tuple[np.ndarray, np.ndarray]:
     """``cos, sin`` ``[positions, head_dim / 2]`` float32 of the rotary angles ``p * theta ** (-2i / head_dim)``,
-    computed as :func:`.common.inverse_frequencies` and :func:`.common.rotary_tables` compute them."""
-    dims = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
-    inv_freq = (1.0 / np.power(np.float32(theta), dims)).astype(np.float32)
-    angles = np.arange(positions, dtype=np.float32)[:, None] * inv_freq[None, :]
+    from :func:`rotary_frequencies`, as :func:`.common.rotary_tables` computes them."""
+    angles = np.arange(positions, dtype=np.float32)[:, None] * rotary_frequencies(head_dim, theta)[None, :]
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
