@@ -24,7 +24,7 @@ Building, each quantization and each IR's predictors run in a process of their o
 what one step needs (Paddle keeps what a loaded model took until its process ends). ``--quick`` divides
 every table's rows by 100 and runs a few repeats: a check that it works, not a result.
 Writes ``benchmarks/results/embed_dlrm.md`` (``--accuracy-only``: ``embed_dlrm_accuracy.md``) atomically
-( ``--quick`` writes ``--out`` only if given).
+(``--quick`` writes ``--out`` only if given).
 """
 
 from __future__ import annotations
