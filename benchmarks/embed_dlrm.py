@@ -23,7 +23,8 @@ predicted CTR from float's, and the AUC of the float model's own top-decile labe
 Building, each quantization and each IR's predictors run in a process of their own, so memory stays near
 what one step needs (Paddle keeps what a loaded model took until its process ends). ``--quick`` divides
 every table's rows by 100 and runs a few repeats: a check that it works, not a result.
-Writes ``benchmarks/results/embed_dlrm.md`` (atomically; ``--quick`` writes ``--out`` only if given).
+Writes ``benchmarks/results/embed_dlrm.md`` (``--accuracy-only``: ``embed_dlrm_accuracy.md``) atomically
+(``--quick`` writes ``--out`` only if given).
 """
 
 from __future__ import annotations
@@ -337,7 +338,7 @@ def main() -> None:
     parser.add_argument("--accuracy-only", action="store_true",
                         help="bytes, CTR MAD and AUC only (native backend, nothing timed, no fused variants)")
     parser.add_argument("--families", nargs="+", choices=["pir", "legacy"], default=["pir", "legacy"],
-                        help="program families to quantize (mixed tables: PIR only)")
+                        help="program families to quantize")
     parser.add_argument("--out", type=Path, default=None, help="results file (default: results/embed_dlrm.md)")
     args = parser.parse_args()
     repeats = 3 if args.quick else args.repeats
@@ -355,7 +356,6 @@ def main() -> None:
     calibration = calibration_ids(feats, n_calibration, np.random.default_rng(2))  # apart from the scored samples
     unseen = unseen_share(feats, calibration, scored)
     results: list[dict[str, Any]] = []
-    skipped: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         float_dirs = in_child(save_float_models, feats, Path(tmp))
         for family in args.families:
@@ -363,9 +363,6 @@ def main() -> None:
             files, forms = {"float": find_model_files(float_dir)}, {"float": "float"}
             for name, config in todo.items():
                 if config is None:
-                    continue
-                if family == "legacy" and "bytes_budget" in config:
-                    skipped.append(f"{family} {name}")  # mixed tables are written into PIR programs only
                     continue
                 out = Path(tmp) / family / name.replace(" ", "_").replace("/", "-")
                 files[name], forms[name] = in_child(quantize, float_dir, out, config, feats, calibration)
@@ -422,8 +419,6 @@ def main() -> None:
         lines.append(f"| {r['family']} | {r['name']} | {r['form']} | {r['backend']} | {r['bytes'] / 2**20:.1f} | "
                      f"{r['bytes'] / float_bytes[r['family']]:.3f} | {cells} {r['mad']:.2e} | {r['auc']:.4f} |"
                      .replace("|  ", "| "))
-    if skipped:
-        lines += ["", f"Not run: {', '.join(skipped)} (mixed-precision tables are written into PIR programs only)."]
     lines += ["", "Against the targets:", ""]
     for r in results:
         target = TARGETS.get(r["name"].removesuffix(", fused"))
