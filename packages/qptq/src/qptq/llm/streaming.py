@@ -82,6 +82,12 @@ def _load(layer: nn.Layer, values: dict[str, np.ndarray]) -> nn.Layer:
     return layer.eval()
 
 
+def _table(tables: WeightOnlyResult, table: np.ndarray | None) -> np.ndarray:
+    """The table the runtime reads: its codes' rows dequantized (the codes are of its transpose), else ``table``."""
+    codes = tables.codes.get("embed_tokens.weight")
+    return table if codes is None else np.ascontiguousarray(codes.dequantize().T, np.float32)
+
+
 @paddle.no_grad()
 def quantize_streaming(source: TensorSource, config: WeightOnlyConfig, windows: Sequence[np.ndarray] | None,
                        probe: np.ndarray, progress: Callable[[str], None] | None = None,
@@ -104,13 +110,18 @@ def quantize_streaming(source: TensorSource, config: WeightOnlyConfig, windows: 
         return arguments[(i, length)]
 
     table = source.tensor("embed_tokens.weight")
+    tables = WeightOnlyResult()  # round to nearest needs no calibration: coded first, reported last
+    if quantizes_table("embed_tokens", cfg.hidden_size, config):
+        quantize_tables({"embed_tokens": table}, {"embed_tokens": "embed_tokens.weight"}, config, tables)
 
-    def embed(ids: np.ndarray) -> paddle.Tensor:
-        rows = paddle.to_tensor(table[ids])
-        return rows if scale is None else rows * scale
+    def embed(ids: np.ndarray, rows: np.ndarray) -> paddle.Tensor:
+        out = paddle.to_tensor(rows[ids])
+        return out if scale is None else out * scale
 
-    hidden = [embed(w) for w in windows or ()]
-    probe_h = embed(probe)
+    # calibration reads the float table (as on the whole model, whose tables are coded after its linears); the
+    # probe reads what the runtime will, the coded table
+    hidden = [embed(w, table) for w in windows or ()]
+    probe_h = embed(probe, _table(tables, table))
     del table  # read again at the end: memory holds one layer between
     state: dict[str, np.ndarray] = {}
     result = WeightOnlyResult()
@@ -151,10 +162,8 @@ def quantize_streaming(source: TensorSource, config: WeightOnlyConfig, windows: 
         head_weight = head.weight
     del hidden
 
-    table = source.tensor("embed_tokens.weight")
-    if quantizes_table("embed_tokens", cfg.hidden_size, config):
-        table = quantize_tables({"embed_tokens": table}, {"embed_tokens": "embed_tokens.weight"}, config,
-                                result)["embed_tokens"].astype(np.float32)
+    table = _table(tables, None) if tables.codes else source.tensor("embed_tokens.weight")
+    merge_results(result, tables)
     state["embed_tokens.weight"] = table
     x = norm(probe_h)
     logits = (paddle.matmul(x, paddle.to_tensor(table), transpose_y=True) if head_weight is None
