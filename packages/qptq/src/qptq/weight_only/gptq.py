@@ -30,22 +30,48 @@ BLOCK_SIZE = 128
 DAMP = 0.01
 
 
+#: Channels of the diagonal blocks :func:`inverse_cholesky` factors with LAPACK on one thread; the rest is gemm.
+FACTOR_BLOCK = 256
+
+
 def inverse_cholesky(h: np.ndarray) -> np.ndarray:
     """The upper triangular ``U`` with ``U^T U = H^-1``: the inverse of the lower Cholesky factor of ``H`` with its
     channel order reversed, reversed back (two triangular factorisations, a third of an explicit inverse's work).
-    LAPACK runs on one thread here: its blocked factorisations round differently with other thread counts
-    (measured), and the codes must not depend on how many threads or ranks a machine gives."""
+
+    Blocked: :data:`FACTOR_BLOCK`-wide diagonal blocks are factored and inverted by LAPACK on one thread, and
+    everything else is matrix products. LAPACK's own blocked factorisations round differently with other thread
+    counts (measured), BLAS's products do not: the codes do not depend on how many threads or ranks a machine
+    gives, and the products still use every thread."""
     from scipy.linalg import lapack
     from threadpoolctl import threadpool_limits
 
-    with threadpool_limits(1, user_api="blas"):
-        lower, info = lapack.dpotrf(np.ascontiguousarray(h[::-1, ::-1]), lower=1, clean=1)
-        if info == 0:
-            lower, info = lapack.dtrtri(lower, lower=1)
-    if info != 0:
-        raise DataError("the calibration Hessian is not positive definite even after dampening; "
-                        "give more calibration rows or raise damp")
-    return np.ascontiguousarray(lower[::-1, ::-1])
+    a = np.ascontiguousarray(h[::-1, ::-1])
+    k = a.shape[0]
+    lower = np.zeros_like(a)
+    inverses = []  # of each diagonal block of ``lower``
+    for lo in range(0, k, FACTOR_BLOCK):
+        hi = min(lo + FACTOR_BLOCK, k)
+        left = lower[lo:hi, :lo]
+        with threadpool_limits(1, user_api="blas"):
+            block, info = lapack.dpotrf(a[lo:hi, lo:hi] - left @ left.T, lower=1, clean=1)
+            if info == 0:
+                inverse, info = lapack.dtrtri(block, lower=1)
+        if info != 0:
+            raise DataError("the calibration Hessian is not positive definite even after dampening; "
+                            "give more calibration rows or raise damp")
+        lower[lo:hi, lo:hi] = block
+        inverses.append(inverse)
+        if hi < k:
+            lower[hi:, lo:hi] = (a[hi:, lo:hi] - lower[hi:, :lo] @ left.T) @ inverse.T
+    out = np.zeros_like(a)  # lower^-1, a block column at a time: X_ij = -L_ii^-1 sum_{j<=m<i} L_im X_mj
+    starts = list(range(0, k, FACTOR_BLOCK))
+    for j, lo in enumerate(starts):
+        hi = min(lo + FACTOR_BLOCK, k)
+        out[lo:hi, lo:hi] = inverses[j]
+        for i in range(j + 1, len(starts)):
+            top, bottom = starts[i], min(starts[i] + FACTOR_BLOCK, k)
+            out[top:bottom, lo:hi] = -inverses[i] @ (lower[top:bottom, lo:top] @ out[lo:top, lo:hi])
+    return np.ascontiguousarray(out[::-1, ::-1])
 
 
 def gptq(
