@@ -108,7 +108,8 @@ def test_bad_gguf_writes_are_one_line_and_leave_nothing(quantized, tmp_path):
     with pytest.raises(ConfigError, match="codes on the uint4 grid are not a GGUF block type"):
         write_gguf(target, source, {"blk.0.attn_q.weight": int_codes})
     assert list(tmp_path.iterdir()) == []
-    with pytest.raises(ConfigError, match=r"GGUF blocks hold 32 input channels, or 256 for the K-quants; use group_size=32 or 256 \(got 128\)"):
+    with pytest.raises(ConfigError, match=r"GGUF blocks hold 32 input channels, or 256 for the K-quants; use "
+                                          r"group_size=32 or 256 \(got 128\)"):
         WeightOnlyConfig(bits=4, group_size=128, grid="gguf")
     with pytest.raises(ConfigError, match="awq=True divides each linear's input by scales a GGUF file cannot hold"):
         WeightOnlyConfig(bits=4, group_size=32, grid="gguf", awq=True)

@@ -70,8 +70,6 @@ class WeightOnlyConfig:
             if self.group_size not in GGUF_GROUPS:
                 raise ConfigError(f"GGUF blocks hold 32 input channels, or 256 for the K-quants; use group_size=32 or "
                                   f"256 (got {self.group_size})")
-            for bits in {self.bits, self.embedding_bits, *self.bits_by_name.values()} - {None, 8}:
-                grid_of(bits, self.symmetric, self.grid, self.group_size)
             if self.awq:
                 raise ConfigError("awq=True divides each linear's input by scales a GGUF file cannot hold; "
                                   "use clip_search=True (and algo='gptq') for grid='gguf'")
@@ -88,6 +86,9 @@ class WeightOnlyConfig:
         for pattern, bits in self.bits_by_name.items():
             if bits not in allowed:
                 raise ConfigError(f"bits_by_name[{pattern!r}]={bits!r} is not supported; use one of {allowed}")
+        if self.grid == "gguf":  # each width has a block type at this group size (8 bits: Q8_0 at any)
+            for bits in {self.bits, self.embedding_bits, *self.bits_by_name.values()} - {None, 8}:
+                grid_of(bits, self.symmetric, self.grid, self.group_size)
 
     def bits_for(self, name: str) -> int | None:
         """The bits ``bits_by_name`` gives the linear ``name`` (None: no pattern matches it)."""

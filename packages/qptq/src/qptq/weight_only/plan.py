@@ -143,7 +143,7 @@ def quantize_weights(
             scales, alpha = found.scales, found.alpha
         for k in keys:
             plans[k] = WeightPlan(np.asarray(weights[k], np.float64), h, scales, alpha)
-            plans[k].quantize(config, config.bits_for(k) or bits)
+            plans[k].quantize(config, config.bits_for(k) or config.bits)
             if progress is not None:
                 progress(k)
     for k in promoted({k: p for k, p in plans.items() if config.bits_for(k) is None}, config):
