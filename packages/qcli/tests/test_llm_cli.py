@@ -136,10 +136,11 @@ def test_a_per_tensor_rule_of_the_users_sets_the_block_types(checkpoint, tmp_pat
 def test_the_q4_k_m_mix_falls_back_as_llama_cpp_does_where_256_does_not_divide(checkpoint, tmp_path, capsys):
     source, _ = checkpoint  # every width 64 or 128: no K-quant fits, as on SmolLM2's 576-wide rows
     out = tmp_path / "mix.gguf"
-    code = main(["ptq", "dynamic", str(source), str(out), "--bits", "4", "--bits-for", "q4_k_m"])
+    code = main(["ptq", "dynamic", str(source), str(out), "--bits-for", "q4_k_m"])  # --bits 4 by default
     assert code == 0, capsys.readouterr().err
     report = json.loads((tmp_path / "mix.gguf.report.json").read_text())
-    assert report["weight_only"]["group_size"] == 256 and report["weight_only"]["embedding_bits"] == 6
+    chosen = report["weight_only"]
+    assert (chosen["bits"], chosen["group_size"], chosen["embedding_bits"]) == (4, 256, 6)
     grids = {layer["name"]: layer["grid"] for layer in report["layers"]}
     # Q4_K -> Q5_0; Q6_K (layer 1's v and down of 2 layers, and the table) -> Q8_0
     assert {n for n, g in grids.items() if g == "Q8_0"} == {"layers.1.attn.v_proj", "layers.1.mlp.down_proj",

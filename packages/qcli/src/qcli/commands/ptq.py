@@ -38,9 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     dynamic = methods.add_parser("dynamic", help="weight-only: int8/int16 per channel (no calibration data), or "
                                                  "int4/int8 per group of input channels for LLM matmuls")
     _common(dynamic)
-    dynamic.add_argument("--weight-bits", "--bits", type=int, default=8, choices=[4, 5, 6, 8, 16],
-                         help="4: int4 groups of matmul weights (LLMs; --backend onnxruntime or openvino-runtime "
-                              "for the compressed ONNX file)")
+    dynamic.add_argument("--weight-bits", "--bits", type=int, default=None, choices=[4, 5, 6, 8, 16],
+                         help="default 8 (4 with --bits-for q4_k_m); 4: int4 groups of matmul weights (LLMs; "
+                              "--backend onnxruntime or openvino-runtime for the compressed ONNX file)")
     dynamic.add_argument("--op-types", nargs="+", default=None,
                          help="seed op types to quantize (default conv2d mul; groups: mul matmul matmul_v2)")
     dynamic.add_argument("--test-model", action="store_true", help="also write OUT/test_model (fake-quantized float)")
@@ -192,6 +192,7 @@ def run_dynamic(args: argparse.Namespace) -> int:
     qptq = require("ptq")
     if args.format is not None or args.model.suffix == ".gguf" or (args.model / "config.json").is_file():
         return _run_llm(args)
+    args.weight_bits = 8 if args.weight_bits is None else args.weight_bits
     _check_paths(args)
     source = find_model_files(args.model, args.model_filename, args.params_filename)
     if _grouped(args):
@@ -267,7 +268,8 @@ def _run_llm(args: argparse.Namespace) -> int:
     report_path = _report_path(args)
     rules, mix = _llm_rules(args, fmt)
     config = WeightOnlyConfig(
-        bits=args.weight_bits, group_size=args.group_size or (256 if mix else 32 if grid == "gguf" else 128),
+        bits=args.weight_bits or (4 if mix else 8),
+        group_size=args.group_size or (256 if mix else 32 if grid == "gguf" else 128),
         symmetric=args.symmetric, algo=args.algo or "rtn", clip_search=args.clip_search, awq=args.awq,
         ratio=args.ratio, group_size_fallback=args.group_size_fallback or ("adjust" if mix else "error"),
         embedding_bits=args.embedding_bits if args.embedding_bits is not None or not mix else 6,
