@@ -11,6 +11,7 @@ the gloo backend and on GPUs with NCCL:
 * :func:`check_same`: refuse, on every rank, settings or models that differ between ranks,
   naming the first key that differs and the ranks;
 * :func:`all_reduce_max`: the element-wise max of a tensor over the ranks, in place;
+* :func:`all_reduce_array`: the element-wise sum or max of a numpy array over the ranks;
 * :func:`on_rank0`: rank 0 runs a writer, the others wait for it and get its result (or its
   error), so no rank returns before the output is on disk and only one process writes it.
 
@@ -88,19 +89,45 @@ def all_gather(obj: Any, what: str) -> list[Any]:
 
 def all_reduce_max(tensor: Any, what: str) -> Any:
     """Replace ``tensor`` (a dygraph tensor) by its element-wise max over the ranks; returns it."""
+    return _all_reduce(tensor, "MAX", what)
+
+
+def _all_reduce(tensor: Any, op: str, what: str) -> Any:
     rank, size = world()
     if size == 1:
         return tensor
     import paddle.distributed as dist
 
     try:
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op))
     except Exception as exc:
         raise DistributedError(
             f"rank {rank}: reducing {what} over {size} ranks failed ({_first_line(exc)}); "
             "a rank has probably stopped, see its log"
         ) from exc
     return tensor
+
+
+#: Elements a collective of :func:`all_reduce_array` moves at once (bounds the copies it makes).
+REDUCE_CHUNK = 1 << 23
+
+
+def all_reduce_array(array: Any, op: str, what: str) -> Any:
+    """The element-wise ``op`` (``"sum"`` or ``"max"``) of ``array`` (numpy) over the ranks, reduced a chunk of
+    :data:`REDUCE_CHUNK` elements at a time (``array`` itself when it is contiguous). Sums of float64 integers
+    below ``2**53`` are exact, so their result does not depend on the order the ranks are added in."""
+    if world()[1] == 1:
+        return array
+    import numpy as np
+    import paddle
+
+    out = np.ascontiguousarray(array)
+    flat = out.reshape(-1)
+    with eager_mode():
+        for lo in range(0, flat.size, REDUCE_CHUNK):
+            part = paddle.to_tensor(flat[lo: lo + REDUCE_CHUNK].copy())
+            flat[lo: lo + REDUCE_CHUNK] = _all_reduce(part, op.upper(), what).numpy()
+    return out
 
 
 def _first_line(exc: BaseException) -> str:

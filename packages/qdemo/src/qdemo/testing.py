@@ -233,22 +233,12 @@ def save_tiny_paddlenlp_checkpoint(directory: Path, family: str = "llama", dtype
     Llama and Mistral with an LM head of their own (``[hidden, vocab]``); Mistral's ``sliding_window`` as given."""
     import json
 
-    arch, model_type, prefix, qkv_bias, tied, theta = PADDLENLP_FAMILIES[family]
+    _, _, prefix, qkv_bias, tied, _ = PADDLENLP_FAMILIES[family]
     hidden, inter, heads, kv_heads, head_dim, vocab = 64, 128, 4, 2, 16, 320
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    config = {"architectures": [arch], "model_type": model_type, "hidden_size": hidden, "intermediate_size": inter,
-              "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-              "hidden_act": "silu", "rope_theta": theta, "rms_norm_eps": 1e-6, "max_position_embeddings": 256,
-              "tie_word_embeddings": tied, "vocab_size": vocab, "bos_token_id": 1, "eos_token_id": 2,
-              "dtype": dtype}
-    if family == "mistral":
-        config["sliding_window"] = sliding_window
-    (directory / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
-    (directory / "tokenizer.json").write_text(tiny_bpe_tokenizer_json(vocab), encoding="utf-8")
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-         "unk_token": "<unk>"}, indent=1), encoding="utf-8")
+    directory = _write_paddlenlp_config(Path(directory), family, dict(
+        hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, vocab_size=vocab, max_position_embeddings=256, dtype=dtype,
+        **({"sliding_window": sliding_window} if family == "mistral" else {})))
 
     rng = np.random.default_rng(seed)
     state: dict[str, np.ndarray] = {f"{prefix}.embed_tokens.weight": rng.normal(0.0, 0.5, (vocab, hidden))}
@@ -285,5 +275,76 @@ def save_tiny_paddlenlp_checkpoint(directory: Path, family: str = "llama", dtype
         weight_map.update({n: file for n in part})
     index = {"metadata": {"total_size": sum(int(t.numel()) * t.element_size() for t in tensors.values())},
              "weight_map": weight_map}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=1), encoding="utf-8")
+    return directory
+
+
+def _write_paddlenlp_config(directory: Path, family: str, shape: dict) -> Path:
+    """``config.json`` of ``family`` with the hyper-parameters ``shape``, and a byte-level BPE tokenizer of 320
+    tokens (``tokenizer.json`` + ``tokenizer_config.json``; ids above 319 are never made from text)."""
+    import json
+
+    arch, model_type, _, _, tied, theta = PADDLENLP_FAMILIES[family]
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"architectures": [arch], "model_type": model_type, "hidden_act": "silu", "rope_theta": theta,
+              "rms_norm_eps": 1e-6, "tie_word_embeddings": tied, "bos_token_id": 1, "eos_token_id": 2, **shape}
+    (directory / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+    (directory / "tokenizer.json").write_text(tiny_bpe_tokenizer_json(320), encoding="utf-8")
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+         "unk_token": "<unk>"}, indent=1), encoding="utf-8")
+    return directory
+
+
+def save_random_paddlenlp_checkpoint(directory: Path, family: str, hidden: int, intermediate: int, layers: int,
+                                     heads: int, kv_heads: int, vocab: int, context: int = 4096,
+                                     dtype: str = "bfloat16", seed: int = 0) -> Path:
+    """A random decoder of ``family`` at a real model's size, as PaddleNLP saves one: ``config.json``, safetensors
+    shards of one decoder layer each (``dtype``) with ``model.safetensors.index.json``, written a layer at a time
+    (memory: one layer), weights ``N(0, 1/sqrt(fan_in))``, norms 1. For timing and memory, not accuracy."""
+    import json
+
+    import paddle
+    from safetensors.paddle import save_file
+
+    _, _, prefix, qkv_bias, tied, _ = PADDLENLP_FAMILIES[family]
+    head_dim = hidden // heads
+    directory = _write_paddlenlp_config(Path(directory), family, dict(
+        hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, vocab_size=vocab, max_position_embeddings=context, dtype=dtype))
+    rng = np.random.default_rng(seed)
+
+    def weights(shape: tuple[int, ...]) -> np.ndarray:
+        return (rng.standard_normal(shape, np.float32) / np.float32(np.sqrt(shape[0]))).astype(np.float32)
+
+    parts: list[dict[str, np.ndarray]] = [{f"{prefix}.embed_tokens.weight": weights((vocab, hidden)) * 8,
+                                           f"{prefix}.norm.weight": np.ones(hidden, np.float32)}]
+    if not tied:
+        parts[0]["lm_head.weight"] = weights((hidden, vocab))
+    total, weight_map = 0, {}
+    count = layers + 1
+    for k in range(count):
+        if k < layers:
+            p = f"{prefix}.layers.{k}"
+            part = {f"{p}.{name}.weight": weights(shape) for name, shape in (
+                ("self_attn.q_proj", (hidden, heads * head_dim)), ("self_attn.k_proj", (hidden, kv_heads * head_dim)),
+                ("self_attn.v_proj", (hidden, kv_heads * head_dim)), ("self_attn.o_proj", (heads * head_dim, hidden)),
+                ("mlp.gate_proj", (hidden, intermediate)), ("mlp.up_proj", (hidden, intermediate)),
+                ("mlp.down_proj", (intermediate, hidden)))}
+            if qkv_bias:
+                part.update({f"{p}.self_attn.{n}_proj.bias": np.zeros(w, np.float32)
+                             for n, w in (("q", heads * head_dim), ("k", kv_heads * head_dim),
+                                          ("v", kv_heads * head_dim))})
+            part[f"{p}.input_layernorm.weight"] = np.ones(hidden, np.float32)
+            part[f"{p}.post_attention_layernorm.weight"] = np.ones(hidden, np.float32)
+        else:
+            part = parts[0]
+        file = f"model-{k + 1:05d}-of-{count:05d}.safetensors"
+        tensors = {n: paddle.to_tensor(v).astype(dtype) for n, v in part.items()}
+        save_file(tensors, str(directory / file))
+        total += sum(int(t.numel()) * t.element_size() for t in tensors.values())
+        weight_map.update({n: file for n in part})
+        del tensors, part
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=1), encoding="utf-8")
     return directory

@@ -1,4 +1,5 @@
-"""Progress of a long pass: tqdm's bar on a terminal; elsewhere (a log file, a pipe) one line when it ends."""
+"""Progress of a long pass: tqdm's bar on a terminal; elsewhere (a log file, a pipe) one line when it ends, and, when
+the number of steps is known, a line per step with the time left."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class Progress:
     :meth:`close` ends it."""
 
     def __init__(self, desc: str, unit: str, total: int | None = None) -> None:
-        self.desc, self.unit, self.count, self.start = desc, unit, 0, time.perf_counter()
+        self.desc, self.unit, self.count, self.start, self.total = desc, unit, 0, time.perf_counter(), total
         self.bar: Any = (tqdm(desc=desc, unit=unit, total=total) if tqdm is not None and sys.stderr.isatty()
                          else None)
 
@@ -28,6 +29,11 @@ class Progress:
         self.count += 1
         if self.bar is not None:
             self.bar.update(1)
+        elif self.total:
+            spent = time.perf_counter() - self.start
+            left = spent / self.count * (self.total - self.count)
+            print(f"{self.desc}: {self.count}/{self.total} {self.unit}s, {spent:.0f} s, about {left:.0f} s left",
+                  file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

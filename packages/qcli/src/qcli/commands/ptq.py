@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -275,6 +276,13 @@ def _run_llm(args: argparse.Namespace) -> int:
         embedding_bits=args.embedding_bits if args.embedding_bits is not None or not mix else 6,
         grid=grid, sequential=args.sequential, bits_by_name=rules)
     start = time.perf_counter()
+    if int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) > 1:  # under paddle.distributed.launch: share the windows
+        import paddle.distributed as dist
+
+        dist.init_parallel_env()
+        if dist.get_rank() != 0:  # the same codes on every rank; rank 0 writes, checks and reports
+            quantize_llm(args.model, args.out, config, args.data, format=fmt)
+            return 0
     done = quantize_llm(args.model, args.out, config, args.data, format=fmt, show_progress=True)
     seconds = time.perf_counter() - start
     formats = done.formats()

@@ -94,19 +94,29 @@ class Gemma3(nn.Layer):
         self, input_ids: paddle.Tensor, past: list[paddle.Tensor] | None = None
     ) -> tuple[paddle.Tensor, list[paddle.Tensor]]:
         past, start = split_past(past, self.cfg)
-        length = input_ids.shape[1]
-        pos = paddle.arange(start, start + length, dtype="float32")
-        rope = {True: rotary_tables(pos, self.inv_freq_global), False: rotary_tables(pos, self.inv_freq_local)}
-        bias = {True: attention_bias(start, length), False: attention_bias(start, length, self.cfg.sliding_window)}
-
+        inputs = layer_inputs(self.cfg, start, input_ids.shape[1], self.inv_freq_global, self.inv_freq_local)
         h = self.embed_tokens(input_ids) * self.embed_scale
         present = []
         for i, layer in enumerate(self.layers):
             pk, pv = (past[2 * i], past[2 * i + 1]) if past else (None, None)
-            is_global = self.cfg.is_global(i)
-            h, k, v = layer(h, *rope[is_global], bias[is_global], pk, pv)
+            h, k, v = layer(h, *inputs[i], pk, pv)
             present += [k, v]
         return lm_logits(self.norm(h), self.embed_tokens, self.lm_head), present
+
+
+def layer_inputs(cfg: Gemma3Config, start: int, length: int, inv_freq_global: paddle.Tensor | None = None,
+                 inv_freq_local: paddle.Tensor | None = None) -> list[tuple[paddle.Tensor, ...]]:
+    """Each layer's ``(cos, sin, mask)`` for positions ``start .. start + length - 1``: global layers see every
+    position with base ``rope_theta``, local ones the window with ``local_rope_theta``; the frequencies default
+    to ``cfg``'s."""
+    pos = paddle.arange(start, start + length, dtype="float32")
+    frequencies = {True: inverse_frequencies(cfg.head_dim, cfg.rope_theta) if inv_freq_global is None
+                   else inv_freq_global,
+                   False: inverse_frequencies(cfg.head_dim, cfg.local_rope_theta) if inv_freq_local is None
+                   else inv_freq_local}
+    per_kind = {kind: (*rotary_tables(pos, frequencies[kind]),
+                       attention_bias(start, length, None if kind else cfg.sliding_window)) for kind in (True, False)}
+    return [per_kind[cfg.is_global(i)] for i in range(cfg.num_layers)]
 
 
 #: Gemma 3's four norms a layer and the q/k norms: Paddle sublayer -> GGUF tensor stem.

@@ -16,9 +16,8 @@ from qcore.export.gguf import write_gguf
 from qcore.groupwise import GroupCodes
 
 from ..weight_only.plan import WeightOnlyResult
-from . import gemma3, llama
-from .config import Gemma3Config
 from .gguf_weights import GGUFTensor
+from .sources import port_of
 
 
 def gguf_table(model: Any) -> dict[str, GGUFTensor]:
@@ -27,19 +26,17 @@ def gguf_table(model: Any) -> dict[str, GGUFTensor]:
     if cfg is None:
         raise ConfigError(f"{type(model).__name__} is not a qptq.llm decoder; GGUF export takes llama.Llama or "
                           "gemma3.Gemma3 models (read with load_gguf)")
-    return (gemma3 if isinstance(cfg, Gemma3Config) else llama).gguf_tensors(cfg)
+    return port_of(cfg).gguf_tensors(cfg)
 
 
 def gguf_tensors_of(model: Any, result: WeightOnlyResult) -> dict[str, GroupCodes | np.ndarray]:
-    """Every parameter of ``model`` by GGUF name: the codes ``result`` holds for it, else its float value."""
-    table = gguf_table(model)
+    """Every parameter of ``model`` (a port, or a :class:`.streaming.StreamedDecoder`) by GGUF name: the codes
+    ``result`` holds for it, else its float value."""
+    state = model.state_dict()
     codes = {f"{layer.name}.weight": result.codes[layer.weight] for layer in result.layers}
-    out: dict[str, GroupCodes | np.ndarray] = {}
-    for name, param in model.state_dict().items():
-        where = table[name]
-        out[where.name] = (where.codes_from_paddle(codes[name]) if name in codes
-                           else where.from_paddle(param.numpy().astype(np.float32)))
-    return out
+    return {where.name: (where.codes_from_paddle(codes[name]) if name in codes
+                         else where.from_paddle(np.asarray(state[name], np.float32)))
+            for name, where in gguf_table(model).items()}
 
 
 def save_gguf(model: Any, result: WeightOnlyResult, source: str | os.PathLike[str],

@@ -48,10 +48,10 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     """A GGUF file's key-value metadata (architecture, hyper-parameters, tokenizer), without reading tensors."""
     from gguf import GGUFReader
 
-    return _metadata(GGUFReader(str(path)))
+    return reader_metadata(GGUFReader(str(path)))
 
 
-def _metadata(reader: Any) -> dict[str, Any]:
+def reader_metadata(reader: Any) -> dict[str, Any]:
     out = {}
     for key, value in reader.fields.items():
         if key.startswith("GGUF."):
@@ -100,18 +100,24 @@ def config_from_metadata(meta: dict[str, Any], has_output: bool) -> DecoderConfi
 def read_gguf(path: str | Path) -> GGUFModel:
     """Read every tensor of a GGUF file, dequantized to float32 with ``gguf.quants.dequantize``."""
     from gguf import GGUFReader
-    from gguf.quants import dequantize
 
     path = Path(path)
     reader = GGUFReader(str(path))
-    meta = _metadata(reader)
+    meta = reader_metadata(reader)
     tensors, storage = {}, {}
     for t in reader.tensors:
-        shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dimensions fastest first
-        tensors[t.name] = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+        tensors[t.name] = dequantized(t)
         storage[t.name] = t.tensor_type.name
     config = config_from_metadata(meta, has_output="output.weight" in tensors)
     return GGUFModel(path, meta["general.architecture"], config, tensors, meta, storage)
+
+
+def dequantized(tensor: Any) -> np.ndarray:
+    """One tensor of a ``gguf.GGUFReader`` in float32, row-major (GGUF lists dimensions fastest first)."""
+    from gguf.quants import dequantize
+
+    shape = tuple(int(d) for d in reversed(tensor.shape))
+    return np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
 
 
 def outer_tensors(cfg: DecoderConfig) -> dict[str, GGUFTensor]:

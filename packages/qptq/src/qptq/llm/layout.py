@@ -64,9 +64,10 @@ def rotary_cache(theta: float, head_dim: int, positions: int) -> tuple[np.ndarra
 
 def parameters_and_codes(model: Any, result: Any
                          ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
-    """``model``'s parameters, and ``result``'s codes and AWQ input scales (a
-    :class:`qptq.weight_only.plan.WeightOnlyResult`), all by parameter name (``layers.0.attn.q_proj.weight``)."""
-    state = {name: value.numpy() for name, value in model.state_dict().items()}
+    """``model``'s parameters (a port's, or a :class:`.streaming.StreamedDecoder`'s), and ``result``'s codes and AWQ
+    input scales (a :class:`qptq.weight_only.plan.WeightOnlyResult`), all by parameter name
+    (``layers.0.attn.q_proj.weight``)."""
+    state = {name: np.asarray(value) for name, value in model.state_dict().items()}
     codes = {f"{layer.name}.weight": result.codes[layer.weight] for layer in result.layers}
     scales = {f"{layer.name}.weight": result.input_scales[layer.weight] for layer in result.layers
               if layer.weight in result.input_scales}

@@ -76,17 +76,23 @@ class Llama(nn.Layer):
         self, input_ids: paddle.Tensor, past: list[paddle.Tensor] | None = None
     ) -> tuple[paddle.Tensor, list[paddle.Tensor]]:
         past, start = split_past(past, self.cfg)
-        length = input_ids.shape[1]
-        cos, sin = rotary_tables(paddle.arange(start, start + length, dtype="float32"), self.inv_freq)
-        bias = attention_bias(start, length)
-
+        inputs = layer_inputs(self.cfg, start, input_ids.shape[1], self.inv_freq)
         h = self.embed_tokens(input_ids)
         present = []
         for i, layer in enumerate(self.layers):
             pk, pv = (past[2 * i], past[2 * i + 1]) if past else (None, None)
-            h, k, v = layer(h, cos, sin, bias, pk, pv)
+            h, k, v = layer(h, *inputs[i], pk, pv)
             present += [k, v]
         return lm_logits(self.norm(h), self.embed_tokens, self.lm_head), present
+
+
+def layer_inputs(cfg: DecoderConfig, start: int, length: int, inv_freq: paddle.Tensor | None = None
+                 ) -> list[tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]]:
+    """Each layer's ``(cos, sin, mask)`` for positions ``start .. start + length - 1``; ``inv_freq``: the model's
+    rotary frequencies (default: from ``cfg``)."""
+    inv_freq = inverse_frequencies(cfg.head_dim, cfg.rope_theta) if inv_freq is None else inv_freq
+    cos, sin = rotary_tables(paddle.arange(start, start + length, dtype="float32"), inv_freq)
+    return [(cos, sin, attention_bias(start, length))] * cfg.num_layers
 
 
 def gguf_tensors(cfg: DecoderConfig) -> dict[str, GGUFTensor]:

@@ -73,10 +73,14 @@ class _DecoderWriter:
         names = [w.removesuffix("weight") + "bias" for w in weights]
         if not any(n in self.state for n in names):
             return y
-        bias = np.concatenate([self.state[n] if n in self.state else np.zeros(self.state[w].shape[1], np.float32)
+        bias = np.concatenate([self.state[n] if n in self.state else np.zeros(self.width(w), np.float32)
                                for n, w in zip(names, weights)]).astype(np.float32)
         name = names[0] if len(names) == 1 else f"{out}.bias"
         return self.g.node("Add", [y, self.g.const(bias, name)], f"{name}.add", [out])[0]
+
+    def width(self, weight: str) -> int:
+        """Output channels of the ``[in, out]`` parameter ``weight``."""
+        return int((self.codes[weight].codes if weight in self.codes else self.state[weight]).shape[1])
 
     def linear(self, x: str, weight: str, out: str | None = None) -> str:
         """``out = x @ W (+ b)`` (default name: the weight's) for the ``[in, out]`` parameter ``weight`` and its bias,

@@ -199,29 +199,60 @@ def _float32(value: Any) -> np.ndarray:
     return value.astype("float32").numpy()
 
 
-def read_state(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
-    """The port's parameters in float32 by its names, read file by file (safetensors a tensor at a time)."""
-    import paddle
+class CheckpointSource:
+    """The port's parameters of a checked checkpoint, read one at a time in float32 by the port's names
+    (:class:`qptq.llm.sources.TensorSource`): safetensors files are memory-mapped and read a tensor at a time;
+    a ``.pdparams`` file is a pickle, loaded whole once (in its stored dtype) and kept while it is read."""
 
-    table = checkpoint.tensor_names()
-    wanted = {src: dst for dst, src in table.items()}
-    where = checkpoint.index or {}
-    state: dict[str, np.ndarray] = {}
-    for path in checkpoint.files:
-        names = [n for n in wanted if where.get(n, path) == path]
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        self.checkpoint, self.config = checkpoint, checkpoint.config
+        self._names = checkpoint.tensor_names()
+        self._loaded: dict[Path, dict[str, Any]] = {}
+        self._shapes = _port_shapes(checkpoint.config)
+
+    def tensor(self, name: str) -> np.ndarray:
+        source = self._names[name]
+        path = (self.checkpoint.index or {}).get(source, self.checkpoint.files[0])
         if path.suffix == ".safetensors":
             from safetensors import safe_open
 
             with safe_open(str(path), framework="paddle") as f:
-                stored = set(f.keys())
-                state.update({wanted[n]: _float32(f.get_tensor(n)) for n in names if n in stored})
+                value = _float32(f.get_tensor(source))
         else:
-            stored = paddle.load(str(path))
-            if checkpoint.index is None:
-                check_names(checkpoint, set(stored))
-            state.update({wanted[n]: _float32(stored[n]) for n in names if n in stored})
-            del stored
-    return state
+            if path not in self._loaded:
+                import paddle
+
+                self._loaded = {path: paddle.load(str(path))}  # one pickled file held at a time
+                if self.checkpoint.index is None:
+                    check_names(self.checkpoint, set(self._loaded[path]))
+            value = _float32(self._loaded[path][source])
+        if list(value.shape) != self._shapes[name]:
+            raise DataError(f"{source} is {list(value.shape)} in {self.checkpoint.directory}; its config.json makes "
+                            f"it {self._shapes[name]} (Paddle's [in, out] for a linear): is the config the "
+                            "checkpoint's?")
+        return value
+
+
+def _port_shapes(cfg: DecoderConfig) -> dict[str, list[int]]:
+    """Every port parameter's shape, from the hyper-parameters alone."""
+    hidden, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    layer = {"input_norm.weight": [hidden], "post_norm.weight": [hidden], "attn.q_proj.weight": [hidden, q],
+             "attn.k_proj.weight": [hidden, kv], "attn.v_proj.weight": [hidden, kv], "attn.o_proj.weight": [q, hidden],
+             "mlp.gate_proj.weight": [hidden, cfg.intermediate_size],
+             "mlp.up_proj.weight": [hidden, cfg.intermediate_size],
+             "mlp.down_proj.weight": [cfg.intermediate_size, hidden],
+             "attn.q_proj.bias": [q], "attn.k_proj.bias": [kv], "attn.v_proj.bias": [kv]}
+    shapes = {"embed_tokens.weight": [cfg.vocab_size, hidden], "norm.weight": [hidden],
+              "lm_head.weight": [hidden, cfg.vocab_size]}
+    for i in range(cfg.num_layers):
+        shapes.update({f"layers.{i}.{name}": shape for name, shape in layer.items()})
+    return shapes
+
+
+def read_state(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
+    """The port's parameters in float32 by its names (:class:`CheckpointSource`)."""
+    source = CheckpointSource(checkpoint)
+    return {name: source.tensor(name) for name in checkpoint.tensor_names()}
 
 
 def checkpoint_tokenizer(checkpoint: Checkpoint, tokenizer: Any) -> TokenizerFiles:
@@ -258,13 +289,6 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> tuple[Any, Any, Tokeni
 
     checkpoint = open_checkpoint(directory)
     model = Llama(checkpoint.config)
-    state = read_state(checkpoint)
-    expected = {name: list(p.shape) for name, p in model.state_dict().items()}
-    for name, value in state.items():
-        if list(value.shape) != expected[name]:
-            source = checkpoint.tensor_names()[name]
-            raise DataError(f"{source} is {list(value.shape)} in {checkpoint.directory}; its config.json makes it "
-                            f"{expected[name]} (Paddle's [in, out] for a linear): is the config the checkpoint's?")
-    load_state(model, state)
+    load_state(model, read_state(checkpoint))
     tokenizer = Tokenizer.from_file(str(checkpoint.directory / TOKENIZER))
     return model, tokenizer, checkpoint_tokenizer(checkpoint, tokenizer)

@@ -2,9 +2,10 @@
 
 The source is a GGUF file of a supported architecture (:data:`LOADERS`) or a PaddleNLP checkpoint directory of
 Llama, Mistral or Qwen2 (:mod:`.paddlenlp`); calibration is token ids (an array or windows) or plain text, cut into
-windows with the source's own tokenizer. The decoder is read in float32 (:mod:`.gguf_weights`, :mod:`.paddlenlp`),
-its linears (and, with ``embedding_bits``, its table) quantized in place by
-:func:`qptq.weight_only.quantize_`, and written in ``format``:
+windows with the source's own tokenizer. The decoder is read, calibrated and quantized one layer at a time
+(:mod:`.streaming`, from :mod:`.sources`: memory holds one layer, the calibration hidden states and the codes),
+its linears (and, with ``embedding_bits``, its table) coded as :func:`qptq.weight_only.quantize_` would on the whole
+model, and written in ``format``:
 
 * ``"gguf"``: llama.cpp's file (:mod:`.gguf_export`), codes chosen on its block grids (``grid="gguf"``,
   ``group_size=32``), metadata and tokenizer from the source. Verified by reading the written file back with the
@@ -27,7 +28,8 @@ Every problem with the input is one :class:`~qcore.errors.ConfigError` line befo
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,9 +39,8 @@ import numpy as np
 from qcore.errors import ConfigError, DataError
 from qcore.outputs import check_output_dir, check_output_file
 
-from ..progress import Progress, progress
+from ..progress import Progress
 from ..weight_only.config import WeightOnlyConfig
-from ..weight_only.layer import quantize_
 from ..weight_only.plan import WeightOnlyResult
 from . import gemma3, llama, paddlenlp
 from .genai_folders import TokenizerFiles, tokenizer_files
@@ -48,6 +49,8 @@ from .genai_folders import TokenizerFiles, tokenizer_files
 LLM_FORMATS = {"gguf": (".gguf", "gguf"), "onnxruntime-genai": ("", "int"), "openvino-genai": ("", "int")}
 #: The least share of positions whose top token the runtime and the simulation must agree on.
 MIN_AGREEMENT = 0.9
+#: Tokens of the window a runtime's logits are checked on.
+PROBE = 64
 #: Tokens per calibration window cut from text, and the most windows taken.
 WINDOW, WINDOWS = 256, 32
 #: What the runtime's logits are checked on when no calibration data was given (plain prose: the positions of
@@ -162,85 +165,114 @@ def quantize_llm(source: str | os.PathLike[str], out: str | os.PathLike[str], co
                  calibration: Any = None, *, format: str = "gguf", show_progress: bool = False) -> LlmReport:
     """Quantize the decoder in ``source`` (a GGUF file or a PaddleNLP checkpoint directory) as ``config`` says and
     write ``out`` in ``format`` (:data:`LLM_FORMATS`); ``calibration``: text file, ``.npy`` of ids or ids
-    (:func:`calibration_windows`), needed by GPTQ and clip search. Returns the report, verification included."""
+    (:func:`calibration_windows`), needed by GPTQ and clip search. Returns the report, verification included.
+
+    The decoder is read and quantized one layer at a time (:func:`.streaming.quantize_streaming`). Under
+    ``paddle.distributed`` (several initialised ranks) each rank calibrates on its share of the windows, the
+    Hessians are summed exactly, and rank 0 writes the same bytes one process would.
+    """
+    from qcore.distributed import on_rank0, world
+
+    from .sources import open_source
+    from .streaming import quantize_streaming
+
     source, out = Path(source), Path(out)
     arch = _check(source, out, config, format, calibration)
-    model, tokenizer, files = read_source(source, arch)
-    float_bytes = sum(4 * int(np.prod(p.shape)) for p in model.parameters())
+    tensors = open_source(source)
+    tokenizer, files = read_tokenizer(source)
     windows = None if calibration is None else calibration_windows(calibration, tokenizer)
-    batches: Iterable[np.ndarray] | None = windows
-    if show_progress and windows is not None:
-        batches = progress(windows, "calibrating", "window")
-    import paddle
-
-    linears = sum(isinstance(layer, paddle.nn.Linear) for _, layer in model.named_sublayers())
-    counter = Progress("quantizing weights", "linear", total=linears) if show_progress else None
+    rank, size = world()
+    if windows is not None and len(windows) < size:
+        raise DataError(f"{len(windows)} calibration windows for {size} ranks; give at least one window a rank")
+    probe = (windows[0] if windows else np.asarray(tokenizer.encode(PROBE_TEXT).ids, np.int64)[None])[:, :PROBE]
+    cfg = tensors.config
+    shown = show_progress and rank == 0
+    layers = Progress("quantizing layers", "layer", total=cfg.num_layers) if shown else None
+    start = time.perf_counter()
     try:
-        result = quantize_(model, config, batches, progress=counter.step if counter else None)
+        done = quantize_streaming(tensors, config, None if windows is None else windows[rank::size], probe,
+                                  on_layer=layers.step if layers else None)
     finally:
-        if counter is not None:
-            counter.close()
-    window = windows[0] if windows else np.asarray(tokenizer.encode(PROBE_TEXT).ids, np.int64)[None]
-    if format == "gguf":
-        from .gguf_export import save_gguf
+        if layers is not None:
+            layers.close()
+    done.result.seconds = time.perf_counter() - start
+    model, result = done.model, done.result
+    coded = {f"{layer.name}.weight": layer.shape for layer in result.layers}
+    float_bytes = 4 * (sum(v.size for v in model.state.values())
+                       + sum(int(np.prod(shape)) for name, shape in coded.items() if name not in model.state))
 
-        written = save_gguf(model, result, source, out)
-        verified = verify_gguf(written, model, window)
-        size = written.stat().st_size
-    else:
+    def write() -> tuple[Path, dict[str, Any], int]:
+        if format == "gguf":
+            from .gguf_export import save_gguf
+
+            written = save_gguf(model, result, source, out)
+            return written, verify_gguf(written, model, result, probe, done.probe_logits), written.stat().st_size
         from .genai_folders import save_openvino_genai, save_ortgenai
 
         save, verify = ((save_ortgenai, verify_ortgenai) if format == "onnxruntime-genai"
                         else (save_openvino_genai, verify_openvino_genai))
         written = save(model, result, files, out)
-        verified = verify(written, model, window)
         size = sum(p.stat().st_size for p in written.iterdir() if p.is_file())
+        return written, verify(written, probe, done.probe_logits, cfg), size
+
+    written, verified, size = on_rank0(write, str(out))
     return LlmReport(written, format, arch, size, float_bytes, result, verified)
 
 
-def read_source(source: Path, arch: str) -> tuple[Any, Any, TokenizerFiles]:
-    """The float32 decoder of ``source`` (architecture ``arch``), its tokenizer and the tokenizer files of the
-    runtimes' folders."""
+def read_tokenizer(source: Path) -> tuple[Any, TokenizerFiles]:
+    """The tokenizer of a GGUF file or PaddleNLP checkpoint directory, and the tokenizer files of the runtimes'
+    folders (no weights are read)."""
     if source.is_dir():
-        return paddlenlp.load_checkpoint(source)
-    from .gguf_weights import read_metadata
+        from tokenizers import Tokenizer
 
-    model, tokenizer = LOADERS[arch](source)
-    return model, tokenizer, tokenizer_files(tokenizer, read_metadata(source))
+        checkpoint = paddlenlp.open_checkpoint(source)
+        tokenizer = Tokenizer.from_file(str(source / paddlenlp.TOKENIZER))
+        return tokenizer, paddlenlp.checkpoint_tokenizer(checkpoint, tokenizer)
+    from .gguf_weights import read_metadata, tokenizer_from_metadata
+
+    metadata = read_metadata(source)
+    tokenizer = tokenizer_from_metadata(metadata)
+    return tokenizer, tokenizer_files(tokenizer, metadata)
 
 
-def verify_gguf(path: Path, model: Any, window: np.ndarray) -> dict[str, Any]:
-    """Read ``path`` back (the ``gguf`` package's reader) and compare every tensor with ``model``'s simulated
-    parameters; with ``llama-cpp-python`` installed, llama.cpp's logits of ``window`` with the model's.
-    Raises :class:`~qcore.errors.DataError` when the file does not hold the simulation."""
+def verify_gguf(path: Path, model: Any, result: WeightOnlyResult, ids: np.ndarray, reference: np.ndarray
+                ) -> dict[str, Any]:
+    """Read ``path`` back (the ``gguf`` package's reader, a tensor at a time) and compare every tensor with the
+    simulation (``result``'s codes dequantized, ``model``'s float parameters); with ``llama-cpp-python``
+    installed, llama.cpp's logits of ``ids`` with the simulation's (``reference``). Raises
+    :class:`~qcore.errors.DataError` when the file does not hold the simulation."""
     import importlib.util
 
-    from .gguf_export import gguf_table
-    from .gguf_weights import read_gguf
+    from gguf import GGUFReader
 
-    back = read_gguf(path).tensors
+    from .gguf_export import gguf_table
+    from .gguf_weights import dequantized
+
+    back = {t.name: t for t in GGUFReader(str(path)).tensors}
+    codes = {f"{layer.name}.weight": result.codes[layer.weight] for layer in result.layers}
     state = model.state_dict()
     worst = 0.0
     for name, where in gguf_table(model).items():
-        diff = np.abs(where.to_paddle(back[where.name]) - state[name].numpy()).max()
-        worst = max(worst, float(diff))
+        simulated = codes[name].dequantize() if name in codes else np.asarray(state[name], np.float32)
+        if name in codes and name in state:  # a quantized table: its rows are the codes' columns
+            simulated = simulated.T
+        worst = max(worst, float(np.abs(where.to_paddle(dequantized(back[where.name])) - simulated).max()))
     if worst != 0.0:
         raise DataError(f"{path} does not hold the simulated weights (largest difference {worst:g}); please report")
     verified: dict[str, Any] = {"gguf_reader": "every tensor equals the simulation"}
     if importlib.util.find_spec("llama_cpp") is None:
         verified["llama.cpp"] = "not run (install llama-cpp-python)"
         return verified
-    verified["llama.cpp"] = llama_cpp_agreement(path, model, window[:, :64])
+    verified["llama.cpp"] = llama_cpp_agreement(path, ids, reference)
     return verified
 
 
-def verify_ortgenai(folder: Path, model: Any, window: np.ndarray) -> dict[str, Any]:
-    """The logits of ``window`` (a calibration window, or :data:`PROBE_TEXT`) from the folder, run by
-    ``onnxruntime_genai`` where it is installed (else by ONNX Runtime's session on ``model.onnx``), against
-    ``model``'s."""
+def verify_ortgenai(folder: Path, ids: np.ndarray, reference: np.ndarray, cfg: Any) -> dict[str, Any]:
+    """The logits of ``ids`` (``[1, T]``: a calibration window's start, or :data:`PROBE_TEXT`) from the folder, run
+    by ``onnxruntime_genai`` where it is installed (else by ONNX Runtime's session on ``model.onnx``), against the
+    simulation's (``reference``)."""
     import importlib.util
 
-    ids = window[:, :64]
     if importlib.util.find_spec("onnxruntime_genai") is not None:
         import onnxruntime_genai as og
 
@@ -251,39 +283,33 @@ def verify_ortgenai(folder: Path, model: Any, window: np.ndarray) -> dict[str, A
     else:
         import onnxruntime as ort
 
-        cfg = model.cfg
         session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
         empty = np.zeros((1, cfg.num_kv_heads, 0, cfg.head_dim), np.float32)
         feed = {i.name: empty for i in session.get_inputs() if i.name.startswith("past_")}
         feed.update(input_ids=ids, attention_mask=np.ones_like(ids))
         theirs, runner = session.run(["logits"], feed)[0][0], "onnxruntime (session)"
-    return {runner: agreement(theirs, model, ids)}
+    return {runner: agreement(theirs, reference)}
 
 
-def verify_openvino_genai(folder: Path, model: Any, window: np.ndarray) -> dict[str, Any]:
-    """The logits of ``window`` (a calibration window, or :data:`PROBE_TEXT`) from the folder's stateful IR in the
-    OpenVINO runtime (fed as ``LLMPipeline`` feeds it: mask, positions, ``beam_idx``) against ``model``'s."""
+def verify_openvino_genai(folder: Path, ids: np.ndarray, reference: np.ndarray, cfg: Any) -> dict[str, Any]:
+    """The logits of ``ids`` from the folder's stateful IR in the OpenVINO runtime (fed as ``LLMPipeline`` feeds
+    it: mask, positions, ``beam_idx``) against the simulation's (``reference``)."""
     import openvino as ov
 
     from qcore.export.openvino_genai import MODEL_XML
 
-    ids = window[:, :64]
     request = ov.Core().compile_model(str(folder / MODEL_XML), "CPU").create_infer_request()
     request.reset_state()
     length = ids.shape[1]
     feed = {"input_ids": ids, "attention_mask": np.ones((1, length), np.int64),
             "position_ids": np.arange(length, dtype=np.int64)[None], "beam_idx": np.zeros(1, np.int32)}
     theirs = request.infer(feed)["logits"][0]
-    return {"openvino (stateful IR)": agreement(np.asarray(theirs, np.float32), model, ids)}
+    return {"openvino (stateful IR)": agreement(np.asarray(theirs, np.float32), reference)}
 
 
-def agreement(theirs: np.ndarray, model: Any, ids: np.ndarray) -> dict[str, float]:
-    """A runtime's logits of ``ids`` (``[1, T]``; ``theirs`` ``[T, vocab]``) against ``model``'s simulation: the
-    largest difference relative to the logits' spread, and the share of positions whose top token agrees."""
-    import paddle
-
-    with paddle.no_grad():
-        ours = model(paddle.to_tensor(ids))[0].numpy()[0]
+def agreement(theirs: np.ndarray, ours: np.ndarray) -> dict[str, float]:
+    """A runtime's logits (``[T, vocab]``) against the simulation's: the largest difference relative to the
+    logits' spread, and the share of positions whose top token agrees."""
     return {"max_abs_diff_over_std": float(np.abs(theirs - ours).max() / ours.std()),
             "top1_agreement": float(np.mean(theirs.argmax(-1) == ours.argmax(-1)))}
 
@@ -298,6 +324,6 @@ def llama_cpp_logits(path: str | os.PathLike[str], ids: np.ndarray) -> np.ndarra
     return np.asarray(llm.scores[: ids.shape[1]], np.float32)
 
 
-def llama_cpp_agreement(path: Path, model: Any, ids: np.ndarray) -> dict[str, float]:
-    """llama.cpp's logits of ``ids`` (``[1, T]``) from ``path`` against ``model``'s (:func:`agreement`)."""
-    return agreement(llama_cpp_logits(path, ids), model, ids)
+def llama_cpp_agreement(path: Path, ids: np.ndarray, reference: np.ndarray) -> dict[str, float]:
+    """llama.cpp's logits of ``ids`` (``[1, T]``) from ``path`` against the simulation's (:func:`agreement`)."""
+    return agreement(llama_cpp_logits(path, ids), reference)

@@ -31,6 +31,24 @@ BLOCK_SIZE = 128
 DAMP = 0.01
 
 
+def inverse_cholesky(h: np.ndarray) -> np.ndarray:
+    """The upper triangular ``U`` with ``U^T U = H^-1``: the inverse of the lower Cholesky factor of ``H`` with its
+    channel order reversed, reversed back (two triangular factorisations, a third of an explicit inverse's work).
+    LAPACK runs on one thread here: its blocked factorisations round differently with other thread counts
+    (measured), and the codes must not depend on how many threads or ranks a machine gives."""
+    from scipy.linalg import lapack
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        lower, info = lapack.dpotrf(np.ascontiguousarray(h[::-1, ::-1]), lower=1, clean=1)
+        if info == 0:
+            lower, info = lapack.dtrtri(lower, lower=1)
+    if info != 0:
+        raise DataError("the calibration Hessian is not positive definite even after dampening; "
+                        "give more calibration rows or raise damp")
+    return np.ascontiguousarray(lower[::-1, ::-1])
+
+
 def gptq(
     weight: ArrayLike,
     hessian: ArrayLike,
@@ -72,11 +90,7 @@ def gptq(
     order = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(k)
     h = h[np.ix_(order, order)]
     h[np.diag_indices(k)] += damp * np.mean(np.diag(h))
-    try:
-        upper = np.linalg.cholesky(np.linalg.inv(h)).T
-    except np.linalg.LinAlgError:
-        raise DataError("the calibration Hessian is not positive definite even after dampening; "
-                        "give more calibration rows or raise damp") from None
+    upper = inverse_cholesky(h)
     w = w[order]
     codes = np.zeros((k, n))
     # a block holds whole grid units, so that a unit's grid is taken from fully updated channels

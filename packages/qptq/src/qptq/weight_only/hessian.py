@@ -1,34 +1,94 @@
 """The input Hessian of a matmul, ``H = 2 X^T X / rows`` over the calibration inputs ``X``, and the layer output
 error a weight change ``D`` causes through it, ``tr(D^T H D) = ||X D||^2 * 2 / rows``: what every weight-only
-algorithm scores its candidates by."""
+algorithm scores its candidates by.
+
+Two ways to sum it (:class:`HessianAccumulator`): in float64 as the batches come (one pass), or **exactly**, when
+the largest magnitude of every input channel over all the calibration rows is known first (:class:`InputRange`, a
+first pass): each input is then a fixed-point integer of ``bits`` bits per channel (:func:`fixed_point_bits`),
+and every product and partial sum is an integer below ``2**53``, which float64 holds exactly. The exact sum is
+the same whatever the order of the rows, the BLAS threads or the split of the batches over the ranks of
+``paddle.distributed`` (whose sums of the parts are exact too): the codes chosen from it are the same bytes.
+"""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from qcore.errors import DataError
 
+#: Bits of float64's significand: integers up to ``2**53`` are exact.
+EXACT_BITS = 53
+#: A float32 input has 24 significant bits: finer fixed points add nothing.
+MAX_FIXED_BITS = 24
 
-class HessianAccumulator:
-    """``2 X^T X / rows`` over every calibration batch of a matmul's input (``[..., K]``), in float64."""
+
+def _rows(x: ArrayLike, k: int) -> NDArray[np.float64]:
+    a = np.asarray(x, np.float64)
+    a = a.reshape(-1, a.shape[-1])
+    if a.shape[1] != k:
+        raise DataError(f"input has {a.shape[1]} channels; this matmul reads {k}")
+    return a
+
+
+class InputRange:
+    """The largest magnitude of each of a matmul's ``k`` input channels, and the rows seen (the first pass of an
+    exact Hessian); ranks combine theirs by an element-wise max and a sum."""
 
     def __init__(self, k: int) -> None:
-        self.sum = np.zeros((k, k), np.float64)
+        self.absmax = np.zeros(k, np.float64)
         self.rows = 0
 
     def update(self, x: ArrayLike) -> None:
-        a = np.asarray(x, np.float64)
-        a = a.reshape(-1, a.shape[-1])
-        if a.shape[1] != self.sum.shape[0]:
-            raise DataError(f"input has {a.shape[1]} channels; this matmul reads {self.sum.shape[0]}")
+        a = _rows(x, self.absmax.shape[0])
+        np.maximum(self.absmax, np.abs(a).max(axis=0, initial=0.0), out=self.absmax)
+        self.rows += a.shape[0]
+
+
+def fixed_point_bits(rows: int) -> int:
+    """Bits per channel that keep ``rows`` products of two such integers summed below ``2**53``."""
+    if rows < 1:
+        raise DataError("no calibration rows reached this matmul; give at least one batch")
+    return min(MAX_FIXED_BITS, (EXACT_BITS - math.ceil(math.log2(rows))) // 2)
+
+
+class HessianAccumulator:
+    """``2 X^T X / rows`` over every calibration batch of a matmul's input (``[..., K]``), in float64.
+
+    With ``span`` (an :class:`InputRange` over all the rows to come, every rank's), the sum is exact
+    (module docstring); ``update`` then refuses more rows than the range counted.
+    """
+
+    def __init__(self, k: int, span: InputRange | None = None) -> None:
+        self.sum = np.zeros((k, k), np.float64)
+        self.rows = 0
+        self.step: NDArray[np.float64] | None = None
+        self.limit = 0
+        if span is not None:
+            self.limit = span.rows
+            self.step = np.where(span.absmax > 0, span.absmax, 1.0) / 2.0 ** fixed_point_bits(span.rows)
+
+    def update(self, x: ArrayLike) -> None:
+        a = _rows(x, self.sum.shape[0])
+        if self.step is not None:
+            if self.rows + a.shape[0] > self.limit:
+                raise DataError(f"more calibration rows ({self.rows + a.shape[0]}) than the first pass counted "
+                                f"({self.limit}); pass the same batches to both passes")
+            a = np.rint(a / self.step)
         self.sum += a.T @ a
         self.rows += a.shape[0]
 
     def hessian(self) -> NDArray[np.float64]:
         if not self.rows:
             raise DataError("no calibration rows reached this matmul; give GPTQ at least one batch")
-        return 2.0 * self.sum / self.rows
+        if self.step is None:
+            return 2.0 * self.sum / self.rows
+        out = self.sum * (2.0 / self.rows)
+        out *= self.step[:, None]
+        out *= self.step[None, :]
+        return out
 
 
 def output_error(d: NDArray[np.float64], hessian: NDArray[np.float64]) -> float:

@@ -26,43 +26,87 @@ from typing import Any
 
 import numpy as np
 
+from qcore.distributed import all_gather, all_reduce_array
 from qcore.errors import ConfigError, DataError
 
 from .config import WeightOnlyConfig, layer_group
-from .hessian import HessianAccumulator
+from .hessian import HessianAccumulator, InputRange
 from .plan import WeightOnlyResult, quantize_tables, quantize_weights
 
 
-def _linears(model: Any, skip: Sequence[str]) -> list[tuple[str, Any]]:
+def selected_linears(named: Iterable[tuple[str, Any]], config: WeightOnlyConfig) -> list[tuple[str, Any]]:
+    """The ``paddle.nn.Linear`` of ``named`` (name, sublayer) that ``config`` quantizes: outside its ``skip``
+    patterns, with a group its fallback does not leave float (a bad group fails here, in one line)."""
     import paddle
 
-    found = [(name, layer) for name, layer in model.named_sublayers()
-             if isinstance(layer, paddle.nn.Linear) and not any(re.search(p, name) for p in skip)]
-    if not found:
-        raise ConfigError("the model has no paddle.nn.Linear outside the skip patterns; nothing to quantize "
-                          "(weight-only quantization takes Linear layers)")
-    return found
+    return [(name, layer) for name, layer in named
+            if isinstance(layer, paddle.nn.Linear) and not any(re.search(p, name) for p in config.skip)
+            and layer_group(int(layer.weight.shape[0]), config) is not None]
 
 
-def _calibrate(model: Any, linears: list[tuple[str, Any]], batches: Iterable[Any],
+def quantizes_table(name: str, width: int, config: WeightOnlyConfig) -> bool:
+    """Whether ``config.embedding_bits`` quantizes the table ``name`` of rows ``width`` wide."""
+    return (config.embedding_bits is not None and not any(re.search(p, name) for p in config.skip)
+            and layer_group(width, config, config.embedding_bits) is not None)
+
+
+def selected_tables(named: Iterable[tuple[str, Any]], config: WeightOnlyConfig) -> dict[str, Any]:
+    """The ``paddle.nn.Embedding`` of ``named`` whose tables ``config.embedding_bits`` quantizes."""
+    import paddle
+
+    return {name: layer for name, layer in named if isinstance(layer, paddle.nn.Embedding)
+            and quantizes_table(name, int(layer.weight.shape[1]), config)}
+
+
+def calibrate_linears(model: Any, linears: list[tuple[str, Any]], batches: Iterable[Any],
                run: Callable[[Any, Any], Any]) -> tuple[dict[str, HessianAccumulator], list[list[str]]]:
-    """Input Hessians of every linear over ``batches``, and the linears that read one tensor (by first batch)."""
-    import paddle
-
-    sums = {name: HessianAccumulator(int(layer.weight.shape[0])) for name, layer in linears}
+    """Exact input Hessians of every linear over ``batches`` (:mod:`.hessian`: a pass for each input channel's
+    range, a pass for the sums), added over the ranks of ``paddle.distributed`` when there are several (each
+    passes its share of the batches), and the linears that read one tensor (by the first batch)."""
+    batches = batches if isinstance(batches, Sequence) else list(batches)
+    spans = {name: InputRange(int(layer.weight.shape[0])) for name, layer in linears}
     readers: dict[int, list[str]] = {}
     held: list[Any] = []  # the first batch's inputs stay alive, so that no two of them share an id
-    first = [True]
 
-    def hook(name: str) -> Callable[[Any, tuple[Any, ...]], None]:
-        def pre(layer: Any, inputs: tuple[Any, ...]) -> None:
-            sums[name].update(inputs[0].numpy())
+    def first_pass(name: str, first: list[bool]) -> Callable[[Any, np.ndarray], None]:
+        def record(inputs: Any, x: np.ndarray) -> None:
+            spans[name].update(x)
             if first[0]:
-                readers.setdefault(id(inputs[0]), []).append(name)
-                held.append(inputs[0])
-        return pre
+                readers.setdefault(id(inputs), []).append(name)
+                held.append(inputs)
+        return record
 
-    handles = [layer.register_forward_pre_hook(hook(name)) for name, layer in linears]
+    first = [True]
+    _run_hooked(model, linears, batches, run, lambda name: first_pass(name, first), first, held)
+    for name, span in spans.items():
+        span.absmax = all_reduce_array(span.absmax, "max", f"the input range of {name}")
+    rows = dict(zip(spans, np.sum(all_gather([s.rows for s in spans.values()], "calibration rows"), axis=0)))
+    for name, span in spans.items():
+        span.rows = int(rows[name])
+    unused = [name for name, span in spans.items() if not span.rows]
+    if len(unused) == len(spans):
+        raise DataError("the calibration batches reached no linear layer; check that they are the model's inputs")
+    if unused:
+        raise DataError(f"the calibration batches never reached {unused[0]!r} ({len(unused)} linears in all); "
+                        "pass batches that run every layer, or skip those layers")
+    sums = {name: HessianAccumulator(span.absmax.shape[0], span) for name, span in spans.items()}
+    _run_hooked(model, linears, batches, run, lambda name: lambda inputs, x: sums[name].update(x), [False], [])
+    for name, acc in sums.items():
+        acc.sum = all_reduce_array(acc.sum, "sum", f"the input Hessian of {name}")
+        acc.rows = spans[name].rows
+    return sums, list(readers.values())
+
+
+def _run_hooked(model: Any, linears: list[tuple[str, Any]], batches: Sequence[Any], run: Callable[[Any, Any], Any],
+                hook: Callable[[str], Callable[[Any, np.ndarray], None]], first: list[bool], held: list[Any]) -> None:
+    """Run ``model`` over ``batches`` with ``hook(name)(input, input as numpy)`` on each linear's input."""
+    import paddle
+
+    def pre(name: str) -> Callable[[Any, tuple[Any, ...]], None]:
+        call = hook(name)
+        return lambda layer, inputs: call(inputs[0], inputs[0].numpy())
+
+    handles = [layer.register_forward_pre_hook(pre(name)) for name, layer in linears]
     try:
         with paddle.no_grad():
             for batch in batches:
@@ -72,23 +116,18 @@ def _calibrate(model: Any, linears: list[tuple[str, Any]], batches: Iterable[Any
     finally:
         for handle in handles:
             handle.remove()
-    unused = [name for name, acc in sums.items() if not acc.rows]
-    if len(unused) == len(sums):
-        raise DataError("the calibration batches reached no linear layer; check that they are the model's inputs")
-    if unused:
-        raise DataError(f"the calibration batches never reached {unused[0]!r} ({len(unused)} linears in all); "
-                        "pass batches that run every layer, or skip those layers")
-    return sums, list(readers.values())
 
 
-def _quantize_linears(linears: list[tuple[str, Any]], hessians: dict[str, np.ndarray] | None,
-                      shared: list[list[str]], config: WeightOnlyConfig, progress: Callable[[str], None] | None
-                      ) -> WeightOnlyResult:
-    """Codes of ``linears`` (:func:`.plan.quantize_weights`); each linear's weight then holds the simulation."""
+def quantize_linears(linears: list[tuple[str, Any]], hessians: dict[str, np.ndarray] | None,
+                      shared: list[list[str]], config: WeightOnlyConfig, progress: Callable[[str], None] | None,
+                      names: Callable[[str, Any], str] | None = None) -> WeightOnlyResult:
+    """Codes of ``linears`` (:func:`.plan.quantize_weights`); each linear's weight then holds the simulation.
+    ``names(name, layer)``: the weight's name in the result (default: its Paddle parameter name)."""
     import paddle
 
     weights = {n: layer.weight.numpy().astype(np.float64) for n, layer in linears}
-    result, effective = quantize_weights(weights, {n: layer.weight.name for n, layer in linears}, hessians,
+    label = names or (lambda n, layer: layer.weight.name)
+    result, effective = quantize_weights(weights, {n: label(n, layer) for n, layer in linears}, hessians,
                                          shared, config, progress)
     by_name = dict(linears)
     for n, value in effective.items():
@@ -112,21 +151,53 @@ def _hidden(output: Any) -> Any:
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
+def call_block(block: Any, arguments: tuple[Any, ...]) -> Any:
+    return block(*arguments)
+
+
+def _outputs(block: Any, batches: Sequence[tuple[Any, ...]]) -> list[Any]:
+    import paddle
+
+    with paddle.no_grad():
+        return [_hidden(block(*arguments)) for arguments in batches]
+
+
+def quantize_block(block: Any, linears: list[tuple[str, Any]], batches: Sequence[tuple[Any, ...]],
+                   config: WeightOnlyConfig, progress: Callable[[str], None] | None = None, *,
+                   names: Callable[[str, Any], str] | None = None) -> tuple[WeightOnlyResult, list[Any]]:
+    """Quantize ``linears`` (named sublayers of ``block``) from exact Hessians of ``block(*arguments)`` over
+    ``batches`` (summed over the ranks), and return the codes and ``block``'s hidden state for each batch: the
+    quantized block's outputs when ``config.sequential`` (GPTQ's order), else the float block's. The unit of
+    sequential and layer-by-layer quantization (:func:`_quantize_sequential`, :mod:`qptq.llm.streaming`)."""
+    start = time.perf_counter()
+    float_outputs = None if config.sequential else _outputs(block, batches)
+    result = WeightOnlyResult()
+    if linears:
+        sums, shared = calibrate_linears(block, linears, batches, call_block)
+        hessians = {n: sums.pop(n).hessian() for n in list(sums)}  # each sum freed once its Hessian is made
+        middle = time.perf_counter()
+        result = quantize_linears(linears, hessians, shared, config, progress, names)
+        result.math_seconds = time.perf_counter() - middle
+    outputs = float_outputs if float_outputs is not None else _outputs(block, batches)
+    result.calibration_seconds = time.perf_counter() - start - result.math_seconds
+    return result, outputs
+
+
 def _quantize_sequential(model: Any, linears: list[tuple[str, Any]], config: WeightOnlyConfig,
                          calibration: Iterable[Any], run: Callable[[Any, Any], Any],
                          progress: Callable[[str], None] | None) -> WeightOnlyResult:
     """Sequential GPTQ order (Frantar et al.; NNCF's layer-wise engine): decoder layer ``i``'s Hessians come from
-    the outputs of layers ``0..i-1`` already quantized. One float pass records each layer's inputs (the hidden
-    state of the first, the other arguments of every layer: positions, masks), then each layer is calibrated on
-    its quantized predecessors' outputs, quantized, and run again to give the next one its inputs. Linears
-    outside the layers (an untied LM head) keep Hessians from the float pass. Mixed precision (``ratio``) applies
-    within each layer."""
+    the outputs of layers ``0..i-1`` already quantized (:func:`quantize_block`). One float pass records each
+    layer's inputs (the hidden state of the first, the other arguments of every layer: positions, masks). Linears
+    outside the layers (an untied LM head) are calibrated last, on the model with its layers quantized. Mixed
+    precision (``ratio``) applies within each layer."""
     import paddle
 
     blocks = decoder_blocks(model)
     inside = [{id(sub) for sub in block.sublayers()} for block in blocks]
     outside = [(n, layer) for n, layer in linears if not any(id(layer) in ids for ids in inside)]
     arguments: list[list[tuple[Any, ...]]] = [[] for _ in blocks]
+    calibration = calibration if isinstance(calibration, Sequence) else list(calibration)
 
     def record(i: int) -> Callable[[Any, tuple[Any, ...]], None]:
         def pre(layer: Any, inputs: tuple[Any, ...]) -> None:
@@ -135,13 +206,9 @@ def _quantize_sequential(model: Any, linears: list[tuple[str, Any]], config: Wei
 
     handles = [block.register_forward_pre_hook(record(i)) for i, block in enumerate(blocks)]
     try:
-        if outside:
-            sums, outside_shared = _calibrate(model, outside, calibration, run)
-            outside_hessians = {name: acc.hessian() for name, acc in sums.items()}
-        else:
-            with paddle.no_grad():
-                for batch in calibration:
-                    run(model, batch)
+        with paddle.no_grad():
+            for batch in calibration:
+                run(model, batch)
     finally:
         for handle in handles:
             handle.remove()
@@ -151,22 +218,22 @@ def _quantize_sequential(model: Any, linears: list[tuple[str, Any]], config: Wei
     hidden = [args[0] for args in arguments[0]]
     for block, ids, args in zip(blocks, inside, arguments):
         batches = [(h, *rest[1:]) for h, rest in zip(hidden, args)]
-        mine = [(n, layer) for n, layer in linears if id(layer) in ids]
-        if mine:
-            sums, shared = _calibrate(block, mine, batches, lambda layer, a: layer(*a))
-            _merge(result, _quantize_linears(mine, {n: acc.hessian() for n, acc in sums.items()}, shared, config,
-                                             progress))
-        with paddle.no_grad():
-            hidden = [_hidden(block(*b)) for b in batches]
+        part, hidden = quantize_block(block, [(n, layer) for n, layer in linears if id(layer) in ids], batches,
+                                      config, progress)
+        merge_results(result, part)
     if outside:
-        _merge(result, _quantize_linears(outside, outside_hessians, outside_shared, config, progress))
+        sums, shared = calibrate_linears(model, outside, calibration, run)
+        merge_results(result, quantize_linears(outside, {n: acc.hessian() for n, acc in sums.items()}, shared, config,
+                                         progress))
     return result
 
 
-def _merge(into: WeightOnlyResult, part: WeightOnlyResult) -> None:
+def merge_results(into: WeightOnlyResult, part: WeightOnlyResult) -> None:
     into.codes.update(part.codes)
     into.input_scales.update(part.input_scales)
     into.layers.extend(part.layers)
+    into.calibration_seconds += part.calibration_seconds
+    into.math_seconds += part.math_seconds
 
 
 def _default_run(model: Any, batch: Any) -> Any:
@@ -187,12 +254,12 @@ def quantize_(model: Any, config: WeightOnlyConfig, calibration: Iterable[Any] |
     import paddle
 
     start = time.perf_counter()
-    linears = [(n, layer) for n, layer in _linears(model, config.skip)
-               if layer_group(int(layer.weight.shape[0]), config) is not None]  # a bad group fails here
-    tables = {} if config.embedding_bits is None else {
-        n: layer for n, layer in model.named_sublayers()
-        if isinstance(layer, paddle.nn.Embedding) and not any(re.search(p, n) for p in config.skip)
-        and layer_group(int(layer.weight.shape[1]), config, config.embedding_bits) is not None}
+    if not any(isinstance(layer, paddle.nn.Linear) and not any(re.search(p, n) for p in config.skip)
+               for n, layer in model.named_sublayers()):
+        raise ConfigError("the model has no paddle.nn.Linear outside the skip patterns; nothing to quantize "
+                          "(weight-only quantization takes Linear layers)")
+    linears = selected_linears(model.named_sublayers(), config)
+    tables = selected_tables(model.named_sublayers(), config)
     if config.calibrated and calibration is None:
         raise ConfigError(f"algo={config.algo!r}{', awq' if config.awq else ''}"
                           f"{', clip_search' if config.clip_search else ''} needs calibration batches; pass "
@@ -203,9 +270,11 @@ def quantize_(model: Any, config: WeightOnlyConfig, calibration: Iterable[Any] |
         shared: list[list[str]] = [[name] for name, _ in linears]
         hessians = None
         if calibration is not None:
-            sums, shared = _calibrate(model, linears, calibration, run)
-            hessians = {name: acc.hessian() for name, acc in sums.items()}
-        result = _quantize_linears(linears, hessians, shared, config, progress)
+            sums, shared = calibrate_linears(model, linears, calibration, run)
+            hessians = {name: sums.pop(name).hessian() for name in list(sums)}
+        middle = time.perf_counter()
+        result = quantize_linears(linears, hessians, shared, config, progress)
+        result.calibration_seconds, result.math_seconds = middle - start, time.perf_counter() - middle
     if tables:
         dequantized = quantize_tables({n: t.weight.numpy() for n, t in tables.items()},
                                       {n: t.weight.name for n, t in tables.items()}, config, result)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from qcore.distributed import all_gather, world
 from qcore.groupwise import GroupCodes, quantize_groups
 
 from .awq import search_scales
@@ -39,6 +40,8 @@ class WeightOnlyResult:
     input_scales: dict[str, np.ndarray] = field(default_factory=dict)  # weight name -> divide the input by it
     layers: list[LayerReport] = field(default_factory=list)
     seconds: float = 0.0
+    calibration_seconds: float = 0.0  # running the model (or its layers) over the calibration data
+    math_seconds: float = 0.0  # choosing codes (GPTQ, clip search, AWQ, rounding)
 
     def size_bytes(self) -> int:
         """Bytes of the codes (packed), steps (fp32, or fp16 on half grids), zero points (packed) and offsets of
@@ -74,6 +77,16 @@ class WeightPlan:
 
     def quantize(self, config: WeightOnlyConfig, bits: int) -> None:
         """Codes at ``bits`` in the group :func:`.config.layer_group` gives this weight."""
+        self.adopt(self.choose(config, bits))
+
+    def adopt(self, codes: GroupCodes) -> None:
+        """Take ``codes`` (chosen here or by another rank): the effective weight follows from them."""
+        self.codes = codes
+        effective = codes.dequantize().astype(np.float64)
+        self.effective = effective if self.scales is None else effective / self.scales[:, None]
+
+    def choose(self, config: WeightOnlyConfig, bits: int) -> GroupCodes:
+        """The codes ``config``'s algorithms choose at ``bits`` (the expensive step)."""
         w, h = self.weight, self.hessian
         if self.scales is not None:  # the weight rows times s read the input divided by s: its Hessian scales too
             w = w * self.scales[:, None]
@@ -82,11 +95,8 @@ class WeightPlan:
         bits, size, symmetric = layer_group(w.shape[0], config, bits)
         clip = search_clip(w, h, bits, size, symmetric, family=family) if config.clip_search else 1.0
         if config.algo == "gptq":
-            self.codes = gptq(w, h, bits, size, symmetric, clip=clip, family=family)
-        else:
-            self.codes = quantize_groups(w, bits, size, symmetric, clip, family=family)
-        effective = self.codes.dequantize().astype(np.float64)
-        self.effective = effective if self.scales is None else effective / self.scales[:, None]
+            return gptq(w, h, bits, size, symmetric, clip=clip, family=family)
+        return quantize_groups(w, bits, size, symmetric, clip, family=family)
 
     def output_error(self) -> float:
         """``tr(D^T H D)`` of the weight change (``||D||^2`` without calibration inputs)."""
@@ -118,6 +128,38 @@ def promoted(plans: Mapping[str, WeightPlan], config: WeightOnlyConfig) -> list[
 
 
 
+def owners(costs: Sequence[float], ranks: int) -> list[int]:
+    """The rank that does each job of ``costs``: the largest first, each to the least loaded rank (ties: the
+    lower rank), a function of the costs alone, so every rank computes the same assignment."""
+    load = [0.0] * ranks
+    owner = [0] * len(costs)
+    for job in sorted(range(len(costs)), key=lambda j: (-costs[j], j)):
+        rank = min(range(ranks), key=lambda r: (load[r], r))
+        owner[job] = rank
+        load[rank] += costs[job]
+    return owner
+
+
+def _share(plans: Mapping[str, WeightPlan], jobs: Sequence[Sequence[str]], work: Callable[[list[str]], None],
+           what: str) -> None:
+    """Run ``work(keys)`` for each job (keys of ``plans``) on its owner rank (:func:`owners`, by the weights'
+    ``K^2 N + K^3``) and give every rank the codes, scales and alpha of every plan."""
+    rank, size = world()
+    costs = [sum(plans[k].weight.shape[0] ** 2 * (plans[k].weight.shape[1] + plans[k].weight.shape[0])
+                 for k in keys) for keys in jobs]
+    owner = owners(costs, size)
+    mine = [keys for keys, r in zip(jobs, owner) if r == rank]
+    for keys in mine:
+        work(list(keys))
+    if size == 1:
+        return
+    done = {k: (plans[k].codes, plans[k].scales, plans[k].alpha) for keys in mine for k in keys}
+    for part in all_gather(done, what):
+        for k, (codes, scales, alpha) in part.items():
+            plans[k].scales, plans[k].alpha = scales, alpha
+            plans[k].adopt(codes)
+
+
 def quantize_weights(
     weights: Mapping[str, np.ndarray],
     names: Mapping[str, str],
@@ -129,25 +171,33 @@ def quantize_weights(
     """Codes of every weight (``[in, out]`` by key) whose group ``config`` allows, and the float weights
     they stand for (divided by AWQ's scales). ``names``: the weight's parameter name by key (what the ONNX
     writers look up); ``hessians``: its input Hessian by key (None: round to nearest only); ``shared``: the
-    keys reading one input, which share AWQ's scales."""
+    keys reading one input, which share AWQ's scales. Under ``paddle.distributed`` the weights are shared out
+    over the ranks (:func:`owners`) and every rank gets every code: the same as one process computes."""
     plans: dict[str, WeightPlan] = {}
+    jobs = []
     for keys in shared:
         keys = [k for k in keys if layer_group(weights[k].shape[0], config) is not None]
         if not keys:
             continue
-        bits, size, symmetric = layer_group(weights[keys[0]].shape[0], config)  # one input width: one group
         h = hessians[keys[0]] if hessians is not None else None
-        scales, alpha = None, None
-        if config.awq:
-            found = search_scales([weights[k] for k in keys], h, bits, size, symmetric)
-            scales, alpha = found.scales, found.alpha
         for k in keys:
-            plans[k] = WeightPlan(np.asarray(weights[k], np.float64), h, scales, alpha)
+            plans[k] = WeightPlan(np.asarray(weights[k], np.float64), h, None, None)
+        jobs.append(keys)
+
+    def first(keys: list[str]) -> None:
+        bits, size, symmetric = layer_group(weights[keys[0]].shape[0], config)  # one input width: one group
+        if config.awq:
+            found = search_scales([weights[k] for k in keys], plans[keys[0]].hessian, bits, size, symmetric)
+            for k in keys:
+                plans[k].scales, plans[k].alpha = found.scales, found.alpha
+        for k in keys:
             plans[k].quantize(config, config.bits_for(k) or config.bits)
             if progress is not None:
                 progress(k)
-    for k in promoted({k: p for k, p in plans.items() if config.bits_for(k) is None}, config):
-        plans[k].quantize(config, 8)
+
+    _share(plans, jobs, first, "the codes of the weights")
+    promote = promoted({k: p for k, p in plans.items() if config.bits_for(k) is None}, config)
+    _share(plans, [[k] for k in promote], lambda keys: plans[keys[0]].quantize(config, 8), "the int8 codes")
     result = WeightOnlyResult()
     effective = {}
     for k, plan in plans.items():
