@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import importlib.util
 import json
 import statistics
@@ -60,6 +61,7 @@ from qptq.llm import gemma3, llama  # noqa: E402
 from qptq.llm.common import cache_names, export  # noqa: E402
 from qptq.llm.genai_folders import decoder_shape, tokenizer_files  # noqa: E402
 from qptq.llm.gguf_weights import read_gguf, read_metadata  # noqa: E402
+from qptq.llm.mixes import decoder_layers, q4_k_m  # noqa: E402
 from qptq.llm.openvino_graph import ROTARY, decoder_model  # noqa: E402
 from qptq.llm.ort_graph import decoder_graph  # noqa: E402
 from qptq.weight_only import WeightOnlyConfig, quantize_  # noqa: E402
@@ -426,8 +428,9 @@ def build_ort(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
 
 
 #: GGUF variants run in llama.cpp: ours (codes chosen on its block grids by GPTQ + clip search, the tied table
-#: Q8_0) and llama.cpp's own llama-quantize from the same float32 reference, by llama_ftype.
-OURS_GGUF = {
+#: Q8_0; a mix: its config for the decoder's layer count) and llama.cpp's own llama-quantize from the same float32
+#: reference, by llama_ftype.
+OURS_GGUF: dict[str, WeightOnlyConfig | Callable[[int], WeightOnlyConfig]] = {
     "gguf-q4_0": WeightOnlyConfig(bits=4, group_size=32, symmetric=True, grid="gguf", algo="gptq", clip_search=True,
                                   embedding_bits=8),
     "gguf-q4_1": WeightOnlyConfig(bits=4, group_size=32, grid="gguf", algo="gptq", clip_search=True,
@@ -437,6 +440,9 @@ OURS_GGUF = {
     # the same as gguf-q4_0, each decoder layer calibrated on the outputs of the layers already quantized
     "gguf-q4_0-seq": WeightOnlyConfig(bits=4, group_size=32, symmetric=True, grid="gguf", algo="gptq",
                                       clip_search=True, embedding_bits=8, sequential=True),
+    # llama.cpp's Q4_K_M mix (qptq.llm.mixes: Q4_K, Q6_K for half the v / down projections and the table,
+    # llama.cpp's fallback types where 256 does not divide a row), codes chosen by GPTQ + clip search
+    "gguf-q4_k_m": functools.partial(q4_k_m, algo="gptq", clip_search=True),
 }
 LLAMACPP_FTYPES = {"llamacpp-q4_0": 2, "llamacpp-q4_1": 3, "llamacpp-q8_0": 7, "llamacpp-q4_k_m": 15}
 
@@ -456,9 +462,12 @@ def reference_gguf(bench: Bench) -> Path:
 def build_gguf(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
     from qptq.llm.route import quantize_llm
 
+    source = MODELS[bench.args.model][2]()
     config = OURS_GGUF[name]
-    report = quantize_llm(MODELS[bench.args.model][2](), bench.work / name / "model.gguf", config,
-                          np.concatenate(bench.calibration), show_progress=True)
+    if not isinstance(config, WeightOnlyConfig):
+        config = config(decoder_layers(source))
+    report = quantize_llm(source, bench.work / name / "model.gguf", config, np.concatenate(bench.calibration),
+                          show_progress=True)
     llama_cpp_check = report.verified.get("llama.cpp")
     return {"llama.cpp": report.output}, (
         f"{name}: quantize_llm(format='gguf') with {config}; block types {report.formats()}; the written file read "

@@ -46,7 +46,12 @@ def test_one_command_writes_a_q4_0_gguf_and_reports_it(checkpoint, tmp_path, cap
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    (["--bits", "4", "--group-size", "128"], "Q4_1 blocks hold 32 input channels; use group_size=32"),
+    (["--bits", "4", "--group-size", "128"], "GGUF blocks hold 32 input channels, or 256 for the K-quants"),
+    (["--bits", "4", "--group-size", "256"], "K-quant blocks of 256 do not divide the 64 input channels; use "
+                                             "group_size_fallback='adjust'"),
+    (["--bits", "6"], "weight_bits=6 is the K-quant Q6_K only; use group_size=256"),
+    (["--format", "onnxruntime-genai", "--bits", "4", "--bits-for", "q4_k_m"], "--bits-for q4_k_m mixes GGUF block "
+                                                                               "types; use it with --format gguf"),
     (["--bits", "4", "--backend", "onnxruntime"], "--format gguf names the LLM runtime: drop --backend"),
     (["--bits", "4", "--awq"], "awq=True divides each linear's input by scales a GGUF file cannot hold"),
     (["--bits", "4", "--algo", "gptq"], "algo='gptq' needs calibration data"),
@@ -126,6 +131,21 @@ def test_a_per_tensor_rule_of_the_users_sets_the_block_types(checkpoint, tmp_pat
     # v 64x32 and down 128x64 per layer in Q8_0, the other linears Q4_0
     assert report["weights_per_type"] == {"Q8_0": 2 * (64 * 32 + 128 * 64),
                                           "Q4_0": 2 * (2 * 64 * 64 + 64 * 32 + 2 * 64 * 128)}
+
+
+def test_the_q4_k_m_mix_falls_back_as_llama_cpp_does_where_256_does_not_divide(checkpoint, tmp_path, capsys):
+    source, _ = checkpoint  # every width 64 or 128: no K-quant fits, as on SmolLM2's 576-wide rows
+    out = tmp_path / "mix.gguf"
+    code = main(["ptq", "dynamic", str(source), str(out), "--bits-for", "q4_k_m"])  # --bits 4 by default
+    assert code == 0, capsys.readouterr().err
+    report = json.loads((tmp_path / "mix.gguf.report.json").read_text())
+    chosen = report["weight_only"]
+    assert (chosen["bits"], chosen["group_size"], chosen["embedding_bits"]) == (4, 256, 6)
+    grids = {layer["name"]: layer["grid"] for layer in report["layers"]}
+    # Q4_K -> Q5_0; Q6_K (layer 1's v and down of 2 layers, and the table) -> Q8_0
+    assert {n for n, g in grids.items() if g == "Q8_0"} == {"layers.1.attn.v_proj", "layers.1.mlp.down_proj",
+                                                             "embed_tokens"}
+    assert set(grids.values()) == {"Q5_0", "Q8_0"}
 
 
 @pytest.mark.parametrize(("rule", "message"), [

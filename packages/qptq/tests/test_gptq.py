@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from qcore.errors import ConfigError, DataError
-from qcore.groupwise import decode, encode, grid_of, group_grid, quantize_groups
+from qcore.groupwise import decode, encode, factor_steps, grid_of, group_grid, quantize_groups
 from qptq.weight_only.gptq import gptq
 from qptq.weight_only.hessian import HessianAccumulator
 
@@ -15,10 +15,11 @@ from qptq.weight_only.hessian import HessianAccumulator
 def _reference(weight, hessian, bits, group_size, symmetric, damp, act_order, clip=1.0, family="int"):
     """Optimal brain quantization as first written: after each channel, update the rest with the inverse
     Hessian and remove the channel from it (no Cholesky, no blocks)."""
-    grid = grid_of(bits, symmetric, family)
+    grid = grid_of(bits, symmetric, family, group_size)
     w, h = weight.astype(np.float64).copy(), hessian.astype(np.float64).copy()
     k, n = w.shape
-    size = k if group_size == -1 else group_size
+    size = grid.step_channels(k if group_size == -1 else group_size)
+    unit = grid.block if grid.sub is not None else size  # a K-quant block's steps are fixed together
     order = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(k)
     static = group_grid(w.reshape(k // size, size, n), grid, clip)
     w, h = w[order], h[np.ix_(order, order)]
@@ -30,9 +31,10 @@ def _reference(weight, hessian, bits, group_size, symmetric, damp, act_order, cl
         g = order[i] // size
         if act_order:
             grids[g] = (static[0][g], None if static[1] is None else static[1][g])
-        elif order[i] % size == 0:
-            step, zero = group_grid(w[i:i + size][None], grid)
-            grids[g] = (step[0], None if zero is None else zero[0])
+        elif order[i] % unit == 0:
+            step, zero = group_grid(w[i:i + unit].reshape(unit // size, size, n), grid)
+            for j in range(unit // size):
+                grids[g + j] = (step[j], None if zero is None else zero[j])
         step, zero = grids[g]
         codes[i] = encode(w[i], step, zero, grid)
         error = (w[i] - decode(codes[i], step, zero, grid)) / hinv[i, i]
@@ -80,6 +82,30 @@ def test_gptq_on_gguf_blocks_equals_the_reference_and_keeps_float16_steps(bits, 
     assert (got.offsets is None) == symmetric and got.zero_points is None
     with pytest.raises(ConfigError, match=r"Q4_0 blocks hold 32 input channels; use group_size=32 \(got 16\)"):
         gptq(w, h, 4, 16, True, family="gguf")
+
+
+@pytest.mark.parametrize(("bits", "act_order"), [(4, True), (4, False), (5, True), (6, True), (6, False)])
+def test_gptq_on_k_quant_blocks_equals_the_reference_and_its_steps_are_the_files(bits, act_order):
+    rng = np.random.default_rng(5)
+    x, w = _layer(rng, k=512, n=4, rows=700)
+    h = 2 * x.T @ x / len(x)
+    grid = grid_of(bits, False, "gguf", 256)
+    clip = np.where(rng.random((512 // grid.sub, 4)) < 0.5, 0.8, 1.0) if act_order else 1.0
+    got = gptq(w, h, bits, 256, block_size=96, act_order=act_order, clip=clip, family="gguf")
+    np.testing.assert_array_equal(got.codes, _reference(w, h, bits, 256, False, 0.01, act_order, clip, family="gguf"))
+    assert got.grid == grid and got.group_size == grid.sub and got.scales.shape == (512 // grid.sub, 4)
+    assert got.codes.min() >= grid.lowest and got.codes.max() <= grid.highest
+    # steps (and offsets) are a float16 step per block of 256 times integer codes, the largest on the end code
+    end = grid.sub_codes[1] if grid.sub_codes[0] == 0 else grid.sub_codes[0]
+    for stored in (got.scales, None if got.offsets is None else -got.offsets):
+        if stored is not None:
+            _, codes = factor_steps(stored.T.reshape(4, 2, -1), grid)
+            assert (codes == end).any(axis=-1).all()
+
+    def error(q):
+        return np.linalg.norm(x @ (q.dequantize() - w))
+
+    assert error(got) < error(quantize_groups(w, bits, 256, clip=clip, family="gguf"))  # RTN on the same grids
 
 
 def test_clipped_grids_fixed_up_front_are_the_reference_with_those_grids_and_searched_clips_help():

@@ -140,7 +140,7 @@ def test_mixed_precision_keeps_the_costliest_linears_in_int8_within_the_ratio():
     assert _error(mixed, float_out, x) < _error(plain, float_out, x)
     # the choice by hand: int4 output error per weight, largest first, until the int4 share is within 70 %
     rng = np.random.default_rng(3)
-    plans = {n: WeightPlan(rng.standard_normal((32, 32)) * scale, None, None, None, 32) for n, scale in
+    plans = {n: WeightPlan(rng.standard_normal((32, 32)) * scale, None, None, None) for n, scale in
              (("a", 1.0), ("b", 5.0), ("c", 2.0), ("d", 0.5))}
     for plan in plans.values():
         plan.quantize(WeightOnlyConfig(group_size=32), 4)
@@ -154,9 +154,9 @@ def test_mixed_precision_keeps_the_costliest_linears_in_int8_within_the_ratio():
 def test_a_group_size_that_does_not_divide_a_width_follows_the_fallback():
     from qptq.weight_only.config import layer_group
 
-    assert layer_group(576, WeightOnlyConfig(group_size=128, group_size_fallback="adjust")) == (4, 64)  # SmolLM2
-    assert layer_group(1536, WeightOnlyConfig(group_size=128, group_size_fallback="adjust")) == (4, 128)
-    assert layer_group(100, WeightOnlyConfig(group_size=128, group_size_fallback="adjust")) == (8, -1)  # int8 backup
+    assert layer_group(576, WeightOnlyConfig(group_size=128, group_size_fallback="adjust")) == (4, 64, False)  # SmolLM2
+    assert layer_group(1536, WeightOnlyConfig(group_size=128, group_size_fallback="adjust")) == (4, 128, False)
+    assert layer_group(100, WeightOnlyConfig(group_size=128, group_size_fallback="adjust")) == (8, -1, False)
     assert layer_group(576, WeightOnlyConfig(group_size=128, group_size_fallback="ignore")) is None
     with pytest.raises(ConfigError, match="group_size=128 does not divide the 576 input channels; use one of"):
         layer_group(576, WeightOnlyConfig(group_size=128))

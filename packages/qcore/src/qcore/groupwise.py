@@ -17,6 +17,14 @@ the algorithms choose codes on the grid the file stores rather than a re-roundin
 channels, float16 steps; ``Q4_0`` / ``Q5_0`` / ``Q8_0`` symmetric (codes -8..7, -16..15, -127..127, the step's
 sign chosen so that the group's largest magnitude lands on the lowest code, as llama.cpp does), ``Q4_1`` /
 ``Q5_1`` with a float16 offset, the group's minimum: ``value = code * step + offset``.
+
+llama.cpp's K-quants (:data:`K_GRIDS`, ``group_size=256``) have two levels: blocks of 256 input channels cut
+into sub-blocks (32 for ``Q4_K`` / ``Q5_K``, 16 for ``Q6_K``) whose steps (and, for ``Q4_K`` / ``Q5_K``, offsets
+``-dmin * m``, ``m >= 0``) are integer codes (6-bit ``0..63``, or 8-bit ``-128..127`` for ``Q6_K``) times a float16
+step of the block. A group of :class:`GroupCodes` is then a sub-block, and its step and offset are the values those
+codes stand for (``d * sc``, ``-dmin * m``): the grid the algorithms choose codes on is the one the file holds.
+The block's float16 step puts the sub-block step of largest magnitude on its end code (63, or -128), so the
+writer recovers ``d`` from the steps alone (:func:`factor_steps`).
 """
 
 from __future__ import annotations
@@ -39,7 +47,9 @@ GRID_FAMILIES = ("int", "gguf")
 class Grid:
     """Where a group's values may land: codes ``lowest..highest`` and, by ``zero``, ``value = code * step``
     (``"none"``), ``(code - zero_point) * step`` (``"integer"``) or ``code * step + offset`` (``"float"``).
-    ``half``: steps and offsets are float16 values; ``block``: the group size the format fixes (None: any)."""
+    ``half``: steps and offsets are float16 values; ``block``: the group size the format fixes (None: any);
+    ``sub``: channels per step inside a block when the steps are two-level (K-quants), whose codes against the
+    block's float16 step are ``sub_codes`` (lowest, highest)."""
 
     name: str
     bits: int
@@ -48,10 +58,16 @@ class Grid:
     zero: str = "none"
     half: bool = False
     block: int | None = None
+    sub: int | None = None
+    sub_codes: tuple[int, int] | None = None
 
     @property
     def code_dtype(self) -> type[np.integer]:
         return np.int8 if self.lowest < 0 else np.uint8
+
+    def step_channels(self, group_size: int) -> int:
+        """Input channels sharing one step when the group size is ``group_size``."""
+        return group_size if self.sub is None else self.sub
 
 
 #: llama.cpp's block types (``ggml_type`` names) by ``(bits, symmetric)``; 8 bits is ``Q8_0`` either way.
@@ -63,6 +79,16 @@ GGUF_GRIDS = {
     (8, True): Grid("Q8_0", 8, -127, 127, "none", True, 32),
     (8, False): Grid("Q8_0", 8, -127, 127, "none", True, 32),
 }
+#: llama.cpp's K-quants by bits (``group_size=256``): sub-block steps (and offsets) are 6-bit codes of a float16
+#: block step (``Q4_K``, ``Q5_K``: 8 sub-blocks of 32, ``value = code * d * sc - dmin * m``) or 8-bit signed ones
+#: (``Q6_K``: 16 sub-blocks of 16, codes -32..31).
+K_GRIDS = {
+    4: Grid("Q4_K", 4, 0, 15, "float", True, 256, 32, (0, 63)),
+    5: Grid("Q5_K", 5, 0, 31, "float", True, 256, 32, (0, 63)),
+    6: Grid("Q6_K", 6, -32, 31, "none", True, 256, 16, (-128, 127)),
+}
+#: The GGUF block sizes ``group_size`` may take: blocks of 32 (:data:`GGUF_GRIDS`) or the K-quants' 256.
+GGUF_GROUPS = (32, 256)
 
 
 @dataclass(frozen=True)
@@ -130,7 +156,7 @@ def group_count(k: int, group_size: int) -> int:
 
 def family_bits(family: str) -> tuple[int, ...]:
     """The code widths the grids of ``family`` have."""
-    return GROUP_BITS if family == "int" else tuple(sorted({b for b, _ in GGUF_GRIDS}))
+    return GROUP_BITS if family == "int" else tuple(sorted({b for b, _ in GGUF_GRIDS} | set(K_GRIDS)))
 
 
 def check_bits(bits: int, family: str = "int") -> int:
@@ -140,12 +166,21 @@ def check_bits(bits: int, family: str = "int") -> int:
     return bits
 
 
-def grid_of(bits: int, symmetric: bool, family: str = "int") -> Grid:
-    """The grid of ``bits`` codes (symmetric or with a zero point / offset) in ``family`` (:data:`GRID_FAMILIES`)."""
+def grid_of(bits: int, symmetric: bool, family: str = "int", group_size: int | None = None) -> Grid:
+    """The grid of ``bits`` codes (symmetric or with a zero point / offset) in ``family`` (:data:`GRID_FAMILIES`).
+    GGUF: ``group_size`` 32 (or None) picks a block type of :data:`GGUF_GRIDS`, 256 a K-quant (:data:`K_GRIDS`,
+    whatever ``symmetric`` says: ``Q4_K`` / ``Q5_K`` have offsets, ``Q6_K`` has none)."""
     if family not in GRID_FAMILIES:
         raise ConfigError(f"grid={family!r} is not valid; use one of {GRID_FAMILIES}")
     check_bits(bits, family)
     if family == "gguf":
+        if group_size == 256:
+            if bits not in K_GRIDS:
+                raise ConfigError(f"weight_bits={bits} has no K-quant block of 256; use {sorted(K_GRIDS)} "
+                                  f"(Q{'_K, Q'.join(map(str, K_GRIDS))}_K), or group_size=32 for Q8_0")
+            return K_GRIDS[bits]
+        if (bits, bool(symmetric)) not in GGUF_GRIDS:
+            raise ConfigError(f"weight_bits={bits} is the K-quant Q{bits}_K only; use group_size=256")
         return GGUF_GRIDS[(bits, bool(symmetric))]
     if symmetric:
         return Grid(f"int{bits}", bits, -qmax(bits), qmax(bits))
@@ -159,8 +194,54 @@ def check_group(grid: Grid, group_size: int) -> None:
                           f"(got {group_size})")
 
 
+def step_group(k: int, grid: Grid, group_size: int) -> int:
+    """Input channels per step of a weight of ``k`` input channels in groups of ``group_size`` (-1: all) on
+    ``grid`` (a K-quant's sub-block); one :class:`ConfigError` line when they do not fit."""
+    size = k // group_count(k, group_size)
+    check_group(grid, size)
+    return grid.step_channels(size)
+
+
 def _half(values: NDArray[np.float64]) -> NDArray[np.float64]:
     return values.astype(np.float16).astype(np.float64)
+
+
+def _largest(values: NDArray[np.floating], axis: int) -> tuple[NDArray[np.intp], NDArray[np.floating]]:
+    """Where along ``axis`` the value of largest magnitude is (kept as a length-1 axis), and that value."""
+    at = np.expand_dims(np.abs(values).argmax(axis=axis), axis)
+    return at, np.take_along_axis(values, at, axis=axis)
+
+
+def _two_level(values: NDArray[np.float64], grid: Grid) -> NDArray[np.float64]:
+    """``values`` (``[..., N]``, one per sub-block, leading axes whole blocks in order) as ``d * code``: ``d`` a
+    float16 step per block, codes ``grid.sub_codes``, the value of largest magnitude exactly on the end code (the
+    highest when codes are unsigned, else the lowest)."""
+    lowest, highest = grid.sub_codes
+    end = highest if lowest == 0 else lowest
+    shape = values.shape
+    per_block = values.reshape(-1, grid.block // grid.sub, shape[-1])
+    at, extreme = _largest(per_block, axis=1)
+    d = _half(extreme / end)
+    codes = np.clip(np.rint(per_block / np.where(d != 0, d, 1.0)), lowest, highest)
+    np.put_along_axis(codes, at, end, axis=1)
+    return (d * codes).reshape(shape)
+
+
+def factor_steps(values: NDArray[np.floating], grid: Grid) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """The float16 block step ``d`` (``[..., 1]``) and the integer codes (``[..., subs]``) of a block's sub-block
+    values (``[..., subs]``: steps, or offsets negated) on a two-level ``grid``; one :class:`ConfigError` line when
+    ``values`` are not such products."""
+    lowest, highest = grid.sub_codes
+    end = highest if lowest == 0 else lowest
+    v = np.asarray(values, np.float64)
+    _, extreme = _largest(v, axis=-1)
+    d = extreme / end
+    codes = v / np.where(d != 0, d, 1.0)
+    if (np.any(_half(d) != d) or np.any(codes != np.rint(codes)) or np.any(codes < lowest)
+            or np.any(codes > highest)):
+        raise ConfigError(f"the steps are not {grid.name}'s (a float16 step per block times codes {lowest}.."
+                          f"{highest}); quantize with grid='gguf', group_size=256 so that they are chosen on it")
+    return d, codes
 
 
 def group_grid(
@@ -174,9 +255,9 @@ def group_grid(
         if grid.lowest == -grid.highest:
             step = np.abs(rows).max(axis=-2) * ratio / grid.highest
         else:  # one more code below 0: the largest magnitude, whatever its sign, takes the lowest code
-            at = np.abs(rows).argmax(axis=-2)
-            extreme = np.take_along_axis(rows, np.expand_dims(at, -2), axis=-2).squeeze(-2)
-            step = extreme * ratio / grid.lowest
+            step = _largest(rows, axis=-2)[1].squeeze(-2) * ratio / grid.lowest
+        if grid.sub is not None:
+            return _two_level(step, grid), None
         return (_half(step) if grid.half else step), None
     if grid.zero == "integer":
         lo = np.minimum(rows.min(axis=-2), 0.0) * ratio
@@ -186,6 +267,9 @@ def group_grid(
     lo, hi = rows.min(axis=-2), rows.max(axis=-2)
     trim = (hi - lo) * (1.0 - ratio) / 2
     lo, hi = lo + trim, hi - trim
+    if grid.sub is not None:  # offsets -dmin * m with m >= 0: the range reaches down to 0 at least
+        lo = np.minimum(lo, 0.0)
+        return _two_level((hi - lo) / levels, grid), -_two_level(-lo, grid)
     if grid.half:
         lo = _half(lo)
         return _half((hi - lo) / levels), lo
@@ -231,17 +315,17 @@ def quantize_groups(
 ) -> GroupCodes:
     """Codes of ``weight`` (``[K, N]``) per group of ``group_size`` input channels (-1: per output channel).
 
-    ``clip``: a ratio (scalar, or ``[K / group_size, N]``) the group's range is shrunk by before the step is
-    taken; values beyond it clip to the end codes. ``family``: the grid (:func:`grid_of`).
+    ``clip``: a ratio (scalar, or ``[groups, N]``) each group's range is shrunk by before the step is taken;
+    values beyond it clip to the end codes. ``family``: the grid (:func:`grid_of`); the groups are the grid's
+    steps (a K-quant's sub-blocks for ``group_size=256``).
     """
-    grid = grid_of(bits, symmetric, family)
+    grid = grid_of(bits, symmetric, family, group_size)
     w = as_finite(weight, "weight")
     if w.ndim != 2:
         raise ConfigError(f"weight has shape {w.shape}; group-wise codes take a 2-D [in, out] matmul weight")
     k, n = w.shape
-    groups = group_count(k, group_size)
-    check_group(grid, k // groups)
-    g = w.reshape(groups, k // groups, n)
+    size = step_group(k, grid, group_size)
+    g = w.reshape(k // size, size, n)
     step, zero = group_grid(g, grid, clip)
     codes = encode(g, step[:, None, :], None if zero is None else zero[:, None, :], grid)
-    return pack_group_codes(codes.reshape(k, n), step, zero, grid, k // groups)
+    return pack_group_codes(codes.reshape(k, n), step, zero, grid, size)

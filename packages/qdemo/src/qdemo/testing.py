@@ -136,13 +136,15 @@ def save_fft_net(directory: Path, part: str = "abs") -> None:
                     input_spec=[paddle.static.InputSpec([None, 3, 28, 28], "float32", "x")])
 
 
-def save_tiny_llama_gguf(path: Path, seed: int = 1, layers: int = 2) -> Path:
-    """A float32 GGUF of a random tiny Llama (hidden 64, 4 heads of 16, 2 KV heads, FFN 128, ``layers`` layers,
-    tied embedding) as llama.cpp's converter writes one: hyper-parameters, a SentencePiece vocabulary of 320
-    tokens (3 control, the 256 bytes, pieces), every tensor under its GGUF name. Needs the ``gguf`` package."""
+def save_tiny_llama_gguf(path: Path, seed: int = 1, layers: int = 2, *, hidden: int = 64, inter: int = 128,
+                         head_dim: int = 16) -> Path:
+    """A float32 GGUF of a random tiny Llama (``hidden`` wide, 4 heads of ``head_dim``, 2 KV heads, FFN ``inter``,
+    ``layers`` layers, tied embedding) as llama.cpp's converter writes one: hyper-parameters, a SentencePiece
+    vocabulary of 320 tokens (3 control, the 256 bytes, pieces), every tensor under its GGUF name. Needs the
+    ``gguf`` package."""
     import gguf
 
-    hidden, inter, heads, kv_heads, head_dim, vocab = 64, 128, 4, 2, 16, 320
+    heads, kv_heads, vocab = 4, 2, 320
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("tiny-test-llama")

@@ -39,9 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     dynamic = methods.add_parser("dynamic", help="weight-only: int8/int16 per channel (no calibration data), or "
                                                  "int4/int8 per group of input channels for LLM matmuls")
     _common(dynamic)
-    dynamic.add_argument("--weight-bits", "--bits", type=int, default=8, choices=[4, 5, 8, 16],
-                         help="4: int4 groups of matmul weights (LLMs; --backend onnxruntime or openvino-runtime "
-                              "for the compressed ONNX file)")
+    dynamic.add_argument("--weight-bits", "--bits", type=int, default=None, choices=[4, 5, 6, 8, 16],
+                         help="default 8 (4 with --bits-for q4_k_m); 4: int4 groups of matmul weights (LLMs; "
+                              "--backend onnxruntime or openvino-runtime for the compressed ONNX file)")
     dynamic.add_argument("--op-types", nargs="+", default=None,
                          help="seed op types to quantize (default conv2d mul; groups: mul matmul matmul_v2)")
     dynamic.add_argument("--test-model", action="store_true", help="also write OUT/test_model (fake-quantized float)")
@@ -59,11 +59,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     groups.add_argument("--ratio", type=float, default=1.0, help="share of weights at 4 bits, the rest int8")
     groups.add_argument("--bits-for", action="append", default=[], metavar="PATTERN=BITS",
                         help="your own per-tensor rule, repeatable: linears whose name matches the regular "
-                             "expression get BITS (e.g. 'v_proj|down_proj=8'); the first match decides")
-    groups.add_argument("--embedding-bits", type=int, default=None, choices=[4, 8],
-                        help="also the embedding tables (and an LM head tied to one): int4 or int8 groups")
-    groups.add_argument("--group-size-fallback", default="error", choices=["error", "adjust", "ignore"],
-                        help="a width the group does not divide: refuse, adjust the group, or leave it float")
+                             "expression get BITS (e.g. 'v_proj|down_proj=8'); the first match decides. GGUF: "
+                             "or q4_k_m, llama.cpp's Q4_K_M mix (Q6_K for half the v / down projections, the "
+                             "table and an untied head; defaults --group-size 256 --embedding-bits 6 "
+                             "--group-size-fallback adjust)")
+    groups.add_argument("--embedding-bits", type=int, default=None, choices=[4, 6, 8],
+                        help="also the embedding tables (and an LM head tied to one): int4 or int8 groups "
+                             "(GGUF: the block type of those bits, 6 = Q6_K)")
+    groups.add_argument("--group-size-fallback", default=None, choices=["error", "adjust", "ignore"],
+                        help="a width the group does not divide: refuse (default), adjust the group (GGUF "
+                             "K-quants: llama.cpp's fallback type, Q4_K -> Q5_0, Q6_K -> Q8_0), or leave it float")
     groups.add_argument("--data", default=None,
                         help="calibration inputs for gptq / awq / clip search: a .npy array (N, ...) of the model's "
                              "input, or module:function / file.py:function returning an iterable of samples")
@@ -72,7 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     llm = dynamic.add_argument_group("LLM checkpoints (MODEL a .gguf file, or a PaddleNLP checkpoint directory of "
                                      "Llama, Mistral or Qwen2: config.json, model_state.pdparams or safetensors, "
                                      "tokenizer.json): --bits 4|5|8 and --symmetric pick the GGUF block type "
-                                     "(Q4_0 = --bits 4 --symmetric, Q4_1 = --bits 4, Q8_0 = --bits 8)")
+                                     "(Q4_0 = --bits 4 --symmetric, Q4_1 = --bits 4, Q8_0 = --bits 8), "
+                                     "--group-size 256 the K-quants (Q4_K = --bits 4, Q5_K = 5, Q6_K = 6)")
     llm.add_argument("--format", default=None, choices=["gguf", "openvino-genai", "onnxruntime-genai"],
                      help="what to write: gguf (the default for a .gguf MODEL, which it needs; OUT is the .gguf "
                           "file llama.cpp runs), or OUT a folder that openvino_genai.LLMPipeline or "
@@ -168,10 +174,26 @@ def _bits_for(rules: list[str]) -> dict[str, int]:
     return parsed
 
 
+def _llm_rules(args: argparse.Namespace, fmt: str) -> tuple[dict[str, int], bool]:
+    """``--bits-for`` of an LLM run as ``bits_by_name``: the user's rules first, then those of a named mix
+    (:data:`qptq.llm.mixes.MIXES`, for the source's layer count); and whether a mix was named."""
+    from qptq.llm.mixes import MIXES, decoder_layers
+
+    mixes = [rule for rule in args.bits_for if rule.lower() in MIXES]
+    rules = _bits_for([rule for rule in args.bits_for if rule.lower() not in MIXES])
+    if mixes and fmt != "gguf":
+        raise ConfigError(f"--bits-for {mixes[0]} mixes GGUF block types; use it with --format gguf")
+    for mix in mixes:
+        for pattern, bits in MIXES[mix.lower()](decoder_layers(args.model)).items():
+            rules.setdefault(pattern, bits)
+    return rules, bool(mixes)
+
+
 def run_dynamic(args: argparse.Namespace) -> int:
     qptq = require("ptq")
     if args.format is not None or args.model.suffix == ".gguf" or (args.model / "config.json").is_file():
         return _run_llm(args)
+    args.weight_bits = 8 if args.weight_bits is None else args.weight_bits
     _check_paths(args)
     source = find_model_files(args.model, args.model_filename, args.params_filename)
     if _grouped(args):
@@ -197,8 +219,8 @@ def _run_weight_only(args: argparse.Namespace, source: ModelFiles) -> int:
     config = WeightOnlyConfig(
         bits=args.weight_bits, group_size=128 if args.group_size is None else args.group_size,
         symmetric=args.symmetric, algo=args.algo or "rtn", awq=args.awq, clip_search=args.clip_search,
-        ratio=args.ratio, group_size_fallback=args.group_size_fallback, embedding_bits=args.embedding_bits,
-        sequential=args.sequential, bits_by_name=_bits_for(args.bits_for),
+        ratio=args.ratio, group_size_fallback=args.group_size_fallback or "error",
+        embedding_bits=args.embedding_bits, sequential=args.sequential, bits_by_name=_bits_for(args.bits_for),
     )
     samples = None if args.data is None else sample_source(args.data, lambda: _sample_shape(source, None))
     start = time.perf_counter()
@@ -243,13 +265,16 @@ def _run_llm(args: argparse.Namespace) -> int:
                           "drop --backend")
     grid = LLM_FORMATS[fmt][1]
     if args.weight_bits == 16:
-        raise ConfigError("--bits 16 has no weight-only LLM grid; use 4 or 8 (5 for GGUF)")
+        raise ConfigError("--bits 16 has no weight-only LLM grid; use 4 or 8 (5 or 6 for GGUF)")
     report_path = _report_path(args)
+    rules, mix = _llm_rules(args, fmt)
     config = WeightOnlyConfig(
-        bits=args.weight_bits, group_size=args.group_size or (32 if grid == "gguf" else 128),
+        bits=args.weight_bits or (4 if mix else 8),
+        group_size=args.group_size or (256 if mix else 32 if grid == "gguf" else 128),
         symmetric=args.symmetric, algo=args.algo or "rtn", clip_search=args.clip_search, awq=args.awq,
-        ratio=args.ratio, group_size_fallback=args.group_size_fallback, embedding_bits=args.embedding_bits,
-        grid=grid, sequential=args.sequential, bits_by_name=_bits_for(args.bits_for))
+        ratio=args.ratio, group_size_fallback=args.group_size_fallback or ("adjust" if mix else "error"),
+        embedding_bits=args.embedding_bits if args.embedding_bits is not None or not mix else 6,
+        grid=grid, sequential=args.sequential, bits_by_name=rules)
     start = time.perf_counter()
     if int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) > 1:  # under paddle.distributed.launch: share the windows
         import paddle.distributed as dist

@@ -12,6 +12,19 @@ little-endian, ``d`` the float16 step, ``m`` the float16 offset, ``u`` the code 
 * ``Q5_0`` / ``Q5_1``: ``d`` (, ``m``), a 32-bit word whose bit ``j`` is bit 4 of ``u[j]``, then the low nibbles as
   in ``Q4_0`` (``u = code + 16`` for ``Q5_0``).
 
+The K-quants' blocks hold 256 inputs; ``sc`` / ``m`` are the 6-bit codes of the sub-block steps and offsets against
+the float16 ``d`` / ``dmin`` (:func:`qcore.groupwise.factor_steps` recovers them from the codes' steps):
+
+* ``Q4_K`` (144 bytes): ``d``, ``dmin``, 12 bytes of scales, 128 bytes of nibbles. Scale byte ``j < 4`` holds
+  ``sc[j]`` in its low 6 bits and bits 4-5 of ``sc[j + 4]`` in its top 2; byte ``4 + j`` the same for ``m``; byte
+  ``8 + j`` the low 4 bits of ``sc[j + 4]`` (low nibble) and of ``m[j + 4]`` (high nibble). Nibble byte
+  ``32 c + l`` holds ``u[64 c + l]`` (low) and ``u[64 c + 32 + l]`` (high).
+* ``Q5_K`` (176 bytes): as ``Q4_K`` with 32 bytes after the scales whose byte ``l`` has bit ``j`` = bit 4 of
+  ``u[32 j + l]``, then the low nibbles.
+* ``Q6_K`` (210 bytes; ``u = code + 32``): 128 bytes of low nibbles (byte ``64 h + p``: ``u[128 h + p]`` low,
+  ``u[128 h + 64 + p]`` high), 64 bytes of high 2-bit pairs (byte ``32 h + p``, bits ``2 t``: ``u[128 h + 32 t +
+  p] >> 4``), 16 int8 sub-block scale codes, ``d``.
+
 :func:`write_gguf` copies a source GGUF's metadata (architecture, hyper-parameters, tokenizer) and the tensors it
 is not given, and writes the given ones in their block type (codes) or as float32 (arrays).
 """
@@ -26,12 +39,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..groupwise import GroupCodes
+from ..groupwise import GroupCodes, factor_steps
 from ..outputs import atomic_file
 from .quiet import quiet_loggers
 
 #: ``general.file_type`` (llama.cpp's ``llama_ftype``) of a file whose weights are mostly of one block type.
-FILE_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9}
+FILE_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K": 15, "Q5_K": 17, "Q6_K": 18}
 _ALL_F32 = 0
 _FILE_TYPE_KEY = "general.file_type"
 
@@ -46,9 +59,37 @@ def require_gguf() -> Any:
 
 
 def _nibbles(u: np.ndarray) -> np.ndarray:
-    """``[..., 32]`` codes (0..15 in their low nibble) as ``[..., 16]`` bytes: ``u[j] | u[j + 16] << 4``."""
+    """``[..., 2 h]`` codes (their low nibbles) as ``[..., h]`` bytes: ``u[j] | u[j + h] << 4``."""
     low = (u & 0x0F).astype(np.uint8)
-    return low[..., :16] | (low[..., 16:] << 4)
+    half = u.shape[-1] // 2
+    return low[..., :half] | (low[..., half:] << 4)
+
+
+def _half_bytes(values: np.ndarray) -> np.ndarray:
+    """``[...]`` values as ``[..., 2]`` little-endian float16 bytes."""
+    return values.astype("<f2")[..., None].view(np.uint8)
+
+
+def _k_block_bytes(codes: GroupCodes, u: np.ndarray) -> list[np.ndarray]:
+    """The parts of the K-quant blocks of ``codes`` (``u``: unsigned codes ``[N, blocks, 256]``), in file order."""
+    grid = codes.grid
+    n, blocks = u.shape[:2]
+    steps = codes.scales.T.reshape(n, blocks, -1)
+    d, sc = factor_steps(steps, grid)
+    if grid.name == "Q6_K":
+        high = ((u.reshape(n, blocks, 2, 4, 32) >> 4) & 3) << (2 * np.arange(4, dtype=np.uint8))[:, None]
+        return [_nibbles(u.reshape(n, blocks, 2, 128)).reshape(n, blocks, 128),
+                np.bitwise_or.reduce(high, axis=3).reshape(n, blocks, 64),
+                sc.astype(np.int8).view(np.uint8), _half_bytes(d[..., 0])]
+    dmin, m = factor_steps(-codes.offsets.T.reshape(n, blocks, -1), grid)
+    sc, m = sc.astype(np.uint8), m.astype(np.uint8)
+    scales = [sc[..., :4] | (sc[..., 4:] >> 4) << 6, m[..., :4] | (m[..., 4:] >> 4) << 6,
+              (sc[..., 4:] & 0x0F) | (m[..., 4:] & 0x0F) << 4]
+    parts = [_half_bytes(d[..., 0]), _half_bytes(dmin[..., 0]), *scales]
+    if grid.bits == 5:  # bit 4 of u[32 j + l] is bit j of byte l
+        parts.append(np.packbits((u.reshape(n, blocks, 8, 32) >> 4) & 1, axis=2, bitorder="little")[:, :, 0])
+    parts.append(_nibbles(u.reshape(n, blocks, 4, 64)).reshape(n, blocks, 128))
+    return parts
 
 
 def _check_block_type(codes: GroupCodes) -> None:
@@ -58,16 +99,18 @@ def _check_block_type(codes: GroupCodes) -> None:
 
 
 def block_bytes(codes: GroupCodes) -> np.ndarray:
-    """The GGUF blocks of ``codes`` as ``[N, K / 32 * block bytes]`` uint8 (one row per output)."""
+    """The GGUF blocks of ``codes`` as ``[N, K / block * block bytes]`` uint8 (one row per output)."""
     _check_block_type(codes)
     grid = codes.grid
     k, n = codes.codes.shape
-    blocks = k // codes.group_size
-    c = codes.codes.T.reshape(n, blocks, codes.group_size).astype(np.int16)  # [N, blocks, 32]
+    blocks = k // grid.block
+    c = codes.codes.T.reshape(n, blocks, grid.block).astype(np.int16)  # [N, blocks, 32 or 256]
     u = (c - grid.lowest).astype(np.uint8)
-    parts = [codes.scales.T.astype(np.float16)[..., None].view(np.uint8)]  # d: [N, blocks, 2]
+    if grid.sub is not None:
+        return np.concatenate(_k_block_bytes(codes, u), axis=-1).reshape(n, -1)
+    parts = [_half_bytes(codes.scales.T)]  # d: [N, blocks, 2]
     if codes.offsets is not None:
-        parts.append(codes.offsets.T.astype(np.float16)[..., None].view(np.uint8))
+        parts.append(_half_bytes(codes.offsets.T))
     if grid.bits == 8:
         parts.append(c.astype(np.int8).view(np.uint8))
     else:

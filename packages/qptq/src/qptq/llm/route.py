@@ -314,11 +314,16 @@ def agreement(theirs: np.ndarray, ours: np.ndarray) -> dict[str, float]:
             "top1_agreement": float(np.mean(theirs.argmax(-1) == ours.argmax(-1)))}
 
 
-def llama_cpp_agreement(path: Path, ids: np.ndarray, reference: np.ndarray) -> dict[str, float]:
-    """llama.cpp's logits of ``ids`` (``[1, T]``) from ``path`` against the simulation's (:func:`agreement`)."""
+def llama_cpp_logits(path: str | os.PathLike[str], ids: np.ndarray) -> np.ndarray:
+    """llama.cpp's logits (``[T, vocab]`` float32) of ``ids`` (``[1, T]``) from the GGUF file ``path``."""
     import llama_cpp
 
     llm = llama_cpp.Llama(str(path), n_ctx=max(64, ids.shape[1]), n_threads=os.cpu_count() or 1,
                           logits_all=True, verbose=False)
     llm.eval([int(i) for i in ids[0]])
-    return agreement(np.asarray(llm.scores[: ids.shape[1]], np.float32), reference)
+    return np.asarray(llm.scores[: ids.shape[1]], np.float32)
+
+
+def llama_cpp_agreement(path: Path, ids: np.ndarray, reference: np.ndarray) -> dict[str, float]:
+    """llama.cpp's logits of ``ids`` (``[1, T]``) from ``path`` against the simulation's (:func:`agreement`)."""
+    return agreement(llama_cpp_logits(path, ids), reference)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from qcore.groupwise import Grid, check_group, decode, encode, grid_of, group_count, group_grid
+from qcore.groupwise import Grid, decode, encode, grid_of, group_grid, step_group
 
 #: Candidate ratios of the group's range, 1.0 (no clip) included.
 RATIOS = tuple(np.round(np.linspace(0.5, 1.0, 11), 2))
@@ -22,10 +22,11 @@ RATIOS = tuple(np.round(np.linspace(0.5, 1.0, 11), 2))
 
 def group_errors(weight: NDArray[np.float64], hessian: NDArray[np.float64], grid: Grid, group_size: int,
                  ratio: float) -> NDArray[np.float64]:
-    """``[groups, N]``: each group's output error ``d^T H_gg d`` when quantized with its range times ``ratio``."""
+    """``[groups, N]``: each group's output error ``d^T H_gg d`` when quantized with its range times ``ratio`` (the
+    groups: ``grid``'s steps; a K-quant's sub-blocks, all at ``ratio``, share their block's float16 step)."""
     k, n = weight.shape
-    groups = group_count(k, group_size)
-    size = k // groups
+    size = step_group(k, grid, group_size)
+    groups = k // size
     g = weight.reshape(groups, size, n)
     step, zero = group_grid(g, grid, ratio)
     zero3 = None if zero is None else zero[:, None, :]
@@ -39,8 +40,7 @@ def search_clip(weight: ArrayLike, hessian: ArrayLike, bits: int = 4, group_size
                 ) -> NDArray[np.float64]:
     """The ratio of :data:`RATIOS` with the least output error, per group and output (``[groups, N]``), for
     :func:`qcore.groupwise.quantize_groups`' ``clip`` on the grid of ``family``."""
-    grid = grid_of(bits, symmetric, family)
+    grid = grid_of(bits, symmetric, family, group_size)
     w, h = np.asarray(weight, np.float64), np.asarray(hessian, np.float64)
-    check_group(grid, w.shape[0] // group_count(w.shape[0], group_size))
     errors = np.stack([group_errors(w, h, grid, group_size, r) for r in ratios])
     return np.asarray(ratios)[np.argmin(errors, axis=0)]

@@ -13,7 +13,8 @@ Options: ``damp`` adds ``damp * mean(diag(H))`` to the diagonal (a Hessian from 
 ``act_order`` quantizes the channels of largest ``diag(H)`` (largest inputs) first, with the group grids
 fixed beforehand from the float weight so that groups stay contiguous input channels (what
 ``MatMulNBits`` and ``DequantizeLinear`` blocks store); without it each group's grid is taken from
-the updated weight when its first channel is reached. Inputs that are always zero get a zero weight.
+the updated weight when its first channel is reached (a whole K-quant block's, whose sub-block steps share one
+float16 step, when its first channel is). Inputs that are always zero get a zero weight.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from qcore.errors import ConfigError, DataError
-from qcore.groupwise import GroupCodes, check_group, decode, encode, grid_of, group_count, group_grid, pack_group_codes
+from qcore.groupwise import GroupCodes, decode, encode, grid_of, group_grid, pack_group_codes, step_group
 
 #: Channels updated in full before the rest of the weight receives the block's errors.
 BLOCK_SIZE = 128
@@ -90,7 +91,7 @@ def gptq(
     """Group-wise codes of ``weight`` (``[K, N]``) chosen by GPTQ for inputs of Hessian ``hessian`` (``[K, K]``)
     on the grid of ``family`` (:func:`qcore.groupwise.grid_of`); ``clip`` shrinks the ranges of the grids fixed up
     front (act order; :func:`.clip_search.search_clip`)."""
-    grid = grid_of(bits, symmetric, family)
+    grid = grid_of(bits, symmetric, family, group_size)
     w = np.array(weight, np.float64)
     h = np.array(hessian, np.float64)
     k, n = w.shape
@@ -100,9 +101,9 @@ def gptq(
         raise ConfigError("clip applies to the grids act order fixes up front; use act_order=True")
     if not 0 <= damp < 1:
         raise ConfigError(f"damp={damp!r} is not valid; use a fraction of the mean diagonal in [0, 1)")
-    groups = group_count(k, group_size)
-    size = k // groups
-    check_group(grid, size)
+    size = step_group(k, grid, group_size)
+    groups = k // size
+    unit = grid.block if grid.sub is not None else size  # channels whose steps are fixed together
     dead = np.diag(h) == 0
     h[dead, dead] = 1.0
     w[dead] = 0.0
@@ -118,18 +119,18 @@ def gptq(
     upper = inverse_cholesky(h)
     w = w[order]
     codes = np.zeros((k, n))
-    # a block holds whole groups, so that a group's grid is taken from fully updated channels
-    block = max(block_size // size, 1) * size if not act_order else block_size
+    # a block holds whole grid units, so that a unit's grid is taken from fully updated channels
+    block = max(block_size // unit, 1) * unit if not act_order else block_size
     for start in range(0, k, block):
         end = min(start + block, k)
         errors = np.zeros((end - start, n))
         for i in range(start, end):
             g = order[i] // size
-            if not act_order and order[i] % size == 0:
-                step, zero = group_grid(w[i:i + size][None], grid)
-                steps[g] = step[0]
+            if not act_order and order[i] % unit == 0:
+                step, zero = group_grid(w[i:i + unit].reshape(unit // size, size, n), grid)
+                steps[g:g + unit // size] = step
                 if zeros is not None:
-                    zeros[g] = zero[0]
+                    zeros[g:g + unit // size] = zero
             zero_g = None if zeros is None else zeros[g]
             codes[i] = encode(w[i], steps[g], zero_g, grid)
             error = (w[i] - decode(codes[i], steps[g], zero_g, grid)) / upper[i, i]

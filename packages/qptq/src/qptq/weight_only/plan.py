@@ -45,10 +45,17 @@ class WeightOnlyResult:
 
     def size_bytes(self) -> int:
         """Bytes of the codes (packed), steps (fp32, or fp16 on half grids), zero points (packed) and offsets of
-        every quantized linear."""
+        every quantized linear; on two-level grids (K-quants) a block's float16 step (and offset step) and the
+        sub-block codes instead."""
         total = 0
         for q in self.codes.values():
             k, n = q.codes.shape
+            if q.grid is not None and q.grid.sub is not None:
+                levels = 1 + (q.offsets is not None)
+                sub_bits = int(np.log2(q.grid.sub_codes[1] - q.grid.sub_codes[0] + 1))
+                per_block = levels * (2 + q.grid.block // q.grid.sub * sub_bits // 8)
+                total += k * n * q.bits // 8 + k // q.grid.block * n * per_block
+                continue
             groups = k // q.group_size
             float_bytes = 2 if q.grid is not None and q.grid.half else 4
             zero_bytes = 0 if q.zero_points is None else -(-groups * n * q.bits // 8)
@@ -65,11 +72,11 @@ class WeightPlan:
     hessian: np.ndarray | None
     scales: np.ndarray | None
     alpha: float | None
-    group_size: int
     codes: GroupCodes | None = None
     effective: np.ndarray | None = None
 
     def quantize(self, config: WeightOnlyConfig, bits: int) -> None:
+        """Codes at ``bits`` in the group :func:`.config.layer_group` gives this weight."""
         self.adopt(self.choose(config, bits))
 
     def adopt(self, codes: GroupCodes) -> None:
@@ -85,11 +92,11 @@ class WeightPlan:
             w = w * self.scales[:, None]
             h = h / np.outer(self.scales, self.scales)
         family = config.grid
-        clip = (search_clip(w, h, bits, self.group_size, config.symmetric, family=family) if config.clip_search
-                else 1.0)
+        bits, size, symmetric = layer_group(w.shape[0], config, bits)
+        clip = search_clip(w, h, bits, size, symmetric, family=family) if config.clip_search else 1.0
         if config.algo == "gptq":
-            return gptq(w, h, bits, self.group_size, config.symmetric, clip=clip, family=family)
-        return quantize_groups(w, bits, self.group_size, config.symmetric, clip, family=family)
+            return gptq(w, h, bits, size, symmetric, clip=clip, family=family)
+        return quantize_groups(w, bits, size, symmetric, clip, family=family)
 
     def output_error(self) -> float:
         """``tr(D^T H D)`` of the weight change (``||D||^2`` without calibration inputs)."""
@@ -172,21 +179,19 @@ def quantize_weights(
         keys = [k for k in keys if layer_group(weights[k].shape[0], config) is not None]
         if not keys:
             continue
-        _, size = layer_group(weights[keys[0]].shape[0], config)  # one input width: one group
         h = hessians[keys[0]] if hessians is not None else None
         for k in keys:
-            plans[k] = WeightPlan(np.asarray(weights[k], np.float64), h, None, None, size)
+            plans[k] = WeightPlan(np.asarray(weights[k], np.float64), h, None, None)
         jobs.append(keys)
 
     def first(keys: list[str]) -> None:
-        bits = layer_group(weights[keys[0]].shape[0], config)[0]
+        bits, size, symmetric = layer_group(weights[keys[0]].shape[0], config)  # one input width: one group
         if config.awq:
-            found = search_scales([weights[k] for k in keys], plans[keys[0]].hessian, bits,
-                                  plans[keys[0]].group_size, config.symmetric)
+            found = search_scales([weights[k] for k in keys], plans[keys[0]].hessian, bits, size, symmetric)
             for k in keys:
                 plans[k].scales, plans[k].alpha = found.scales, found.alpha
         for k in keys:
-            plans[k].quantize(config, config.bits_for(k) or bits)
+            plans[k].quantize(config, config.bits_for(k) or config.bits)
             if progress is not None:
                 progress(k)
 
@@ -218,7 +223,7 @@ def quantize_tables(tables: Mapping[str, np.ndarray], names: Mapping[str, str], 
         group = layer_group(table.shape[1], config, config.embedding_bits)
         if group is None:
             continue
-        codes = quantize_groups(np.asarray(table, np.float64).T, *group, config.symmetric, family=config.grid)
+        codes = quantize_groups(np.asarray(table, np.float64).T, *group, family=config.grid)
         effective[k] = codes.dequantize().T
         result.codes[names[k]] = codes
         result.layers.append(LayerReport(k, names[k], codes.codes.shape, codes.bits, codes.group_size, None,
