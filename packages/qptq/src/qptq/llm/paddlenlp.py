@@ -217,7 +217,7 @@ class CheckpointSource:
             from safetensors import safe_open
 
             with safe_open(str(path), framework="paddle") as f:
-                value = _float32(f.get_tensor(source))
+                value = _rows_float32(f.get_slice(source))
         else:
             if path not in self._loaded:
                 import paddle
@@ -231,6 +231,22 @@ class CheckpointSource:
                             f"it {self._shapes[name]} (Paddle's [in, out] for a linear): is the config the "
                             "checkpoint's?")
         return value
+
+
+#: Elements converted to float32 at a time when a stored tensor is read (bounds the copies beside the result).
+READ_CHUNK = 1 << 24
+
+
+def _rows_float32(stored: Any) -> np.ndarray:
+    """A safetensors slice (``safe_open(...).get_slice``) in float32, converted a block of rows at a time."""
+    shape = list(stored.get_shape())
+    out = np.empty(shape, np.float32)
+    if not shape:
+        return _float32(stored[:]).reshape(())
+    step = max(1, READ_CHUNK // max(1, int(np.prod(shape[1:]))))
+    for lo in range(0, shape[0], step):
+        out[lo: lo + step] = _float32(stored[lo: lo + step])
+    return out
 
 
 def _port_shapes(cfg: DecoderConfig) -> dict[str, list[int]]:

@@ -191,7 +191,7 @@ def quantize_llm(source: str | os.PathLike[str], out: str | os.PathLike[str], co
     start = time.perf_counter()
     try:
         done = quantize_streaming(tensors, config, None if windows is None else windows[rank::size], probe,
-                                  on_layer=layers.step if layers else None)
+                                  on_layer=layers.step if layers else None, spill_to=out.resolve().parent)
     finally:
         if layers is not None:
             layers.close()

@@ -18,8 +18,10 @@ the ranks: every rank gets the one-process codes.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -64,6 +66,17 @@ class StreamedQuantization:
     model: StreamedDecoder
     result: WeightOnlyResult
     probe_logits: np.ndarray
+    spill: Any = None  # the temporary directory the codes are memory-mapped from, kept while this lives
+
+
+def _spill(result: WeightOnlyResult, names: Sequence[str], directory: Path) -> None:
+    """Move the codes of ``names`` to ``.npy`` files in ``directory``, memory-mapped back (the codes of a large model
+    outgrow memory; the writers read them once)."""
+    for name in names:
+        q = result.codes[name]
+        path = directory / f"{name}.npy"
+        np.save(path, q.codes)
+        result.codes[name] = replace(q, codes=np.load(path, mmap_mode="r"))
 
 
 class _Tail(nn.Layer):
@@ -91,12 +104,14 @@ def _table(tables: WeightOnlyResult, table: np.ndarray | None) -> np.ndarray:
 @paddle.no_grad()
 def quantize_streaming(source: TensorSource, config: WeightOnlyConfig, windows: Sequence[np.ndarray] | None,
                        probe: np.ndarray, progress: Callable[[str], None] | None = None,
-                       on_layer: Callable[[int], None] | None = None) -> StreamedQuantization:
+                       on_layer: Callable[[int], None] | None = None, spill_to: Path | None = None
+                       ) -> StreamedQuantization:
     """Quantize the decoder of ``source`` layer by layer as ``config`` says (module docstring).
 
     ``windows``: this rank's calibration token ids, ``[1, T]`` each (None: round to nearest, nothing run);
     ``probe``: ``[1, P]`` ids whose logits the simulation gives back; ``progress(linear)`` after each linear is
-    quantized, ``on_layer(i)`` after each decoder layer.
+    quantized, ``on_layer(i)`` after each decoder layer; ``spill_to``: a directory to hold each layer's codes in a
+    temporary directory of, memory-mapped (default: in memory).
     """
     cfg = source.config
     port = port_of(cfg)
@@ -125,6 +140,7 @@ def quantize_streaming(source: TensorSource, config: WeightOnlyConfig, windows: 
     del table  # read again at the end: memory holds one layer between
     state: dict[str, np.ndarray] = {}
     result = WeightOnlyResult()
+    spill = None if spill_to is None else tempfile.TemporaryDirectory(prefix=".codes-", dir=spill_to)
     for i in range(cfg.num_layers):
         block = port.Block(cfg)
         values = {name: source.tensor(f"layers.{i}.{name}") for name in block.state_dict()}
@@ -136,6 +152,8 @@ def quantize_streaming(source: TensorSource, config: WeightOnlyConfig, windows: 
         else:
             part = quantize_linears(linears, None, [[n] for n, _ in linears], config, progress, weight_name)
         merge_results(result, part)
+        if spill is not None:
+            _spill(result, list(part.codes), Path(spill.name))
         probe_h = block(probe_h, *layer_arguments(i, probe.shape[1]))[0]
         coded = {f"{n}.weight" for n, _ in linears}
         state.update({f"layers.{i}.{n}": v for n, v in values.items() if f"layers.{i}.{n}" not in coded})
@@ -154,8 +172,7 @@ def quantize_streaming(source: TensorSource, config: WeightOnlyConfig, windows: 
         if linears:
             hessians, shared = None, [["lm_head"]]
             if hidden:
-                sums, shared = calibrate_linears(_Tail(norm, head), linears, [(h,) for h in hidden], call_block)
-                hessians = {"lm_head": sums["lm_head"].hessian()}
+                hessians, shared = calibrate_linears(_Tail(norm, head), linears, [(h,) for h in hidden], call_block)
             merge_results(result, quantize_linears(linears, hessians, shared, config, progress, weight_name))
         else:
             state["lm_head.weight"] = head.weight.numpy()
@@ -168,4 +185,4 @@ def quantize_streaming(source: TensorSource, config: WeightOnlyConfig, windows: 
     x = norm(probe_h)
     logits = (paddle.matmul(x, paddle.to_tensor(table), transpose_y=True) if head_weight is None
               else paddle.matmul(x, head_weight))
-    return StreamedQuantization(StreamedDecoder(cfg, state), result, logits.numpy()[0])
+    return StreamedQuantization(StreamedDecoder(cfg, state), result, logits.numpy()[0], spill)

@@ -37,7 +37,13 @@ FACTOR_BLOCK = 256
 
 def inverse_cholesky(h: np.ndarray) -> np.ndarray:
     """The upper triangular ``U`` with ``U^T U = H^-1``: the inverse of the lower Cholesky factor of ``H`` with its
-    channel order reversed, reversed back (two triangular factorisations, a third of an explicit inverse's work).
+    channel order reversed, reversed back (:func:`invert_cholesky_in_place`)."""
+    return invert_cholesky_in_place(np.array(h[::-1, ::-1], np.float64))[::-1, ::-1]
+
+
+def invert_cholesky_in_place(a: np.ndarray) -> np.ndarray:
+    """``a`` (symmetric positive definite, C-contiguous float64) overwritten by ``L^-1``, ``L`` its lower Cholesky
+    factor (two triangular factorisations, a third of an explicit inverse's work, no second ``[K, K]`` array).
 
     Blocked: :data:`FACTOR_BLOCK`-wide diagonal blocks are factored and inverted by LAPACK on one thread, and
     everything else is matrix products. LAPACK's own blocked factorisations round differently with other thread
@@ -46,13 +52,12 @@ def inverse_cholesky(h: np.ndarray) -> np.ndarray:
     from scipy.linalg import lapack
     from threadpoolctl import threadpool_limits
 
-    a = np.ascontiguousarray(h[::-1, ::-1])
     k = a.shape[0]
-    lower = np.zeros_like(a)
-    inverses = []  # of each diagonal block of ``lower``
-    for lo in range(0, k, FACTOR_BLOCK):
+    starts = list(range(0, k, FACTOR_BLOCK))
+    inverses = []  # of each diagonal block of L
+    for lo in starts:  # left-looking: block column j of L from the columns before it
         hi = min(lo + FACTOR_BLOCK, k)
-        left = lower[lo:hi, :lo]
+        left = a[lo:hi, :lo]
         with threadpool_limits(1, user_api="blas"):
             block, info = lapack.dpotrf(a[lo:hi, lo:hi] - left @ left.T, lower=1, clean=1)
             if info == 0:
@@ -60,19 +65,17 @@ def inverse_cholesky(h: np.ndarray) -> np.ndarray:
         if info != 0:
             raise DataError("the calibration Hessian is not positive definite even after dampening; "
                             "give more calibration rows or raise damp")
-        lower[lo:hi, lo:hi] = block
-        inverses.append(inverse)
         if hi < k:
-            lower[hi:, lo:hi] = (a[hi:, lo:hi] - lower[hi:, :lo] @ left.T) @ inverse.T
-    out = np.zeros_like(a)  # lower^-1, a block column at a time: X_ij = -L_ii^-1 sum_{j<=m<i} L_im X_mj
-    starts = list(range(0, k, FACTOR_BLOCK))
-    for j, lo in enumerate(starts):
-        hi = min(lo + FACTOR_BLOCK, k)
-        out[lo:hi, lo:hi] = inverses[j]
-        for i in range(j + 1, len(starts)):
-            top, bottom = starts[i], min(starts[i] + FACTOR_BLOCK, k)
-            out[top:bottom, lo:hi] = -inverses[i] @ (lower[top:bottom, lo:top] @ out[lo:top, lo:hi])
-    return np.ascontiguousarray(out[::-1, ::-1])
+            a[hi:, lo:hi] = (a[hi:, lo:hi] - a[hi:, :lo] @ left.T) @ inverse.T
+        a[lo:hi, lo:hi] = block
+        a[lo:hi, hi:] = 0.0
+        inverses.append(inverse)
+    for j in reversed(range(len(starts))):  # X = L^-1 right to left: X_[>j, j] = -(X_[>j, >j] L_[>j, j]) X_jj
+        lo, hi = starts[j], min(starts[j] + FACTOR_BLOCK, k)
+        if hi < k:
+            a[hi:, lo:hi] = -(a[hi:, hi:] @ a[hi:, lo:hi]) @ inverses[j]
+        a[lo:hi, lo:hi] = inverses[j]
+    return a
 
 
 def gptq(
@@ -93,10 +96,10 @@ def gptq(
     front (act order; :func:`.clip_search.search_clip`)."""
     grid = grid_of(bits, symmetric, family, group_size)
     w = np.array(weight, np.float64)
-    h = np.array(hessian, np.float64)
+    hessian = np.asarray(hessian, np.float64)
     k, n = w.shape
-    if h.shape != (k, k):
-        raise ConfigError(f"the Hessian has shape {h.shape}; a [{k}, {n}] weight needs [{k}, {k}]")
+    if hessian.shape != (k, k):
+        raise ConfigError(f"the Hessian has shape {hessian.shape}; a [{k}, {n}] weight needs [{k}, {k}]")
     if not act_order and np.any(np.asarray(clip) != 1.0):
         raise ConfigError("clip applies to the grids act order fixes up front; use act_order=True")
     if not 0 <= damp < 1:
@@ -104,8 +107,9 @@ def gptq(
     size = step_group(k, grid, group_size)
     groups = k // size
     unit = grid.block if grid.sub is not None else size  # channels whose steps are fixed together
-    dead = np.diag(h) == 0
-    h[dead, dead] = 1.0
+    diagonal = np.diag(hessian).copy()
+    dead = diagonal == 0
+    diagonal[dead] = 1.0
     w[dead] = 0.0
     # grids fixed up front (act order), else filled in as each group's first channel is reached
     steps = np.zeros((groups, n))
@@ -113,10 +117,11 @@ def gptq(
     if act_order:
         step, zero = group_grid(w.reshape(groups, size, n), grid, clip)
         steps[:], zeros = step, zero
-    order = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(k)
-    h = h[np.ix_(order, order)]
-    h[np.diag_indices(k)] += damp * np.mean(np.diag(h))
-    upper = inverse_cholesky(h)
+    order = np.argsort(-diagonal, kind="stable") if act_order else np.arange(k)
+    reverse = order[::-1]  # the one [K, K] copy: the Hessian in quantization order, reversed, factored in place
+    h = hessian[np.ix_(reverse, reverse)]
+    h[np.diag_indices(k)] = diagonal[reverse] + damp * np.mean(diagonal)
+    upper = invert_cholesky_in_place(h)[::-1, ::-1]
     w = w[order]
     codes = np.zeros((k, n))
     # a block holds whole grid units, so that a unit's grid is taken from fully updated channels

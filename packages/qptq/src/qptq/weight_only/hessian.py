@@ -58,7 +58,8 @@ class HessianAccumulator:
     """``2 X^T X / rows`` over every calibration batch of a matmul's input (``[..., K]``), in float64.
 
     With ``span`` (an :class:`InputRange` over all the rows to come, every rank's), the sum is exact
-    (module docstring); ``update`` then refuses more rows than the range counted.
+    (module docstring); ``update`` then refuses more rows than the range counted, and :meth:`hessian` scales the
+    sum into the Hessian in place (no second ``[K, K]`` array: the accumulator is spent).
     """
 
     def __init__(self, k: int, span: InputRange | None = None) -> None:
@@ -66,12 +67,15 @@ class HessianAccumulator:
         self.rows = 0
         self.step: NDArray[np.float64] | None = None
         self.limit = 0
+        self.spent = False  # the exact sum was scaled into the Hessian in place
         if span is not None:
             self.limit = span.rows
             self.step = np.where(span.absmax > 0, span.absmax, 1.0) / 2.0 ** fixed_point_bits(span.rows)
 
     def update(self, x: ArrayLike) -> None:
         a = _rows(x, self.sum.shape[0])
+        if self.spent:
+            raise DataError("this Hessian was already taken; sum the rows before calling hessian()")
         if self.step is not None:
             if self.rows + a.shape[0] > self.limit:
                 raise DataError(f"more calibration rows ({self.rows + a.shape[0]}) than the first pass counted "
@@ -81,14 +85,17 @@ class HessianAccumulator:
         self.rows += a.shape[0]
 
     def hessian(self) -> NDArray[np.float64]:
+        if self.spent:
+            return self.sum
         if not self.rows:
             raise DataError("no calibration rows reached this matmul; give GPTQ at least one batch")
         if self.step is None:
             return 2.0 * self.sum / self.rows
-        out = self.sum * (2.0 / self.rows)
-        out *= self.step[:, None]
-        out *= self.step[None, :]
-        return out
+        self.sum *= 2.0 / self.rows
+        self.sum *= self.step[:, None]
+        self.sum *= self.step[None, :]
+        self.spent = True
+        return self.sum
 
 
 def output_error(d: NDArray[np.float64], hessian: NDArray[np.float64]) -> float:

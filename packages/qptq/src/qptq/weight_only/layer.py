@@ -59,10 +59,11 @@ def selected_tables(named: Iterable[tuple[str, Any]], config: WeightOnlyConfig) 
 
 
 def calibrate_linears(model: Any, linears: list[tuple[str, Any]], batches: Iterable[Any],
-               run: Callable[[Any, Any], Any]) -> tuple[dict[str, HessianAccumulator], list[list[str]]]:
+                      run: Callable[[Any, Any], Any]) -> tuple[dict[str, np.ndarray], list[list[str]]]:
     """Exact input Hessians of every linear over ``batches`` (:mod:`.hessian`: a pass for each input channel's
     range, a pass for the sums), added over the ranks of ``paddle.distributed`` when there are several (each
-    passes its share of the batches), and the linears that read one tensor (by the first batch)."""
+    passes its share of the batches), and the linears that read one tensor (by the first batch), which share
+    one Hessian (one array, summed once)."""
     batches = batches if isinstance(batches, Sequence) else list(batches)
     spans = {name: InputRange(int(layer.weight.shape[0])) for name, layer in linears}
     readers: dict[int, list[str]] = {}
@@ -78,23 +79,29 @@ def calibrate_linears(model: Any, linears: list[tuple[str, Any]], batches: Itera
 
     first = [True]
     _run_hooked(model, linears, batches, run, lambda name: first_pass(name, first), first, held)
-    for name, span in spans.items():
-        span.absmax = all_reduce_array(span.absmax, "max", f"the input range of {name}")
     rows = dict(zip(spans, np.sum(all_gather([s.rows for s in spans.values()], "calibration rows"), axis=0)))
-    for name, span in spans.items():
-        span.rows = int(rows[name])
-    unused = [name for name, span in spans.items() if not span.rows]
+    unused = [name for name in spans if not rows[name]]
     if len(unused) == len(spans):
         raise DataError("the calibration batches reached no linear layer; check that they are the model's inputs")
     if unused:
         raise DataError(f"the calibration batches never reached {unused[0]!r} ({len(unused)} linears in all); "
                         "pass batches that run every layer, or skip those layers")
-    sums = {name: HessianAccumulator(span.absmax.shape[0], span) for name, span in spans.items()}
-    _run_hooked(model, linears, batches, run, lambda name: lambda inputs, x: sums[name].update(x), [False], [])
-    for name, acc in sums.items():
-        acc.sum = all_reduce_array(acc.sum, "sum", f"the input Hessian of {name}")
-        acc.rows = spans[name].rows
-    return sums, list(readers.values())
+    groups = list(readers.values())
+    sums = {}
+    for group in groups:  # one range and one sum per input tensor
+        span = spans[group[0]]
+        span.absmax = all_reduce_array(span.absmax, "max", f"the input range of {group[0]}")
+        span.rows = int(rows[group[0]])
+        sums[group[0]] = HessianAccumulator(span.absmax.shape[0], span)
+    readers_of = [(name, layer) for name, layer in linears if name in sums]
+    _run_hooked(model, readers_of, batches, run, lambda name: lambda inputs, x: sums[name].update(x), [False], [])
+    hessians = {}
+    for group in groups:
+        acc = sums.pop(group[0])
+        acc.sum = all_reduce_array(acc.sum, "sum", f"the input Hessian of {group[0]}")
+        acc.rows = spans[group[0]].rows
+        hessians.update(dict.fromkeys(group, acc.hessian()))
+    return hessians, groups
 
 
 def _run_hooked(model: Any, linears: list[tuple[str, Any]], batches: Sequence[Any], run: Callable[[Any, Any], Any],
@@ -125,7 +132,7 @@ def quantize_linears(linears: list[tuple[str, Any]], hessians: dict[str, np.ndar
     ``names(name, layer)``: the weight's name in the result (default: its Paddle parameter name)."""
     import paddle
 
-    weights = {n: layer.weight.numpy().astype(np.float64) for n, layer in linears}
+    weights = {n: layer.weight.numpy() for n, layer in linears}
     label = names or (lambda n, layer: layer.weight.name)
     result, effective = quantize_weights(weights, {n: label(n, layer) for n, layer in linears}, hessians,
                                          shared, config, progress)
@@ -173,8 +180,7 @@ def quantize_block(block: Any, linears: list[tuple[str, Any]], batches: Sequence
     float_outputs = None if config.sequential else _outputs(block, batches)
     result = WeightOnlyResult()
     if linears:
-        sums, shared = calibrate_linears(block, linears, batches, call_block)
-        hessians = {n: sums.pop(n).hessian() for n in list(sums)}  # each sum freed once its Hessian is made
+        hessians, shared = calibrate_linears(block, linears, batches, call_block)
         middle = time.perf_counter()
         result = quantize_linears(linears, hessians, shared, config, progress, names)
         result.math_seconds = time.perf_counter() - middle
@@ -222,9 +228,8 @@ def _quantize_sequential(model: Any, linears: list[tuple[str, Any]], config: Wei
                                       config, progress)
         merge_results(result, part)
     if outside:
-        sums, shared = calibrate_linears(model, outside, calibration, run)
-        merge_results(result, quantize_linears(outside, {n: acc.hessian() for n, acc in sums.items()}, shared, config,
-                                         progress))
+        hessians, shared = calibrate_linears(model, outside, calibration, run)
+        merge_results(result, quantize_linears(outside, hessians, shared, config, progress))
     return result
 
 
@@ -270,8 +275,7 @@ def quantize_(model: Any, config: WeightOnlyConfig, calibration: Iterable[Any] |
         shared: list[list[str]] = [[name] for name, _ in linears]
         hessians = None
         if calibration is not None:
-            sums, shared = calibrate_linears(model, linears, calibration, run)
-            hessians = {name: sums.pop(name).hessian() for name in list(sums)}
+            hessians, shared = calibrate_linears(model, linears, calibration, run)
         middle = time.perf_counter()
         result = quantize_linears(linears, hessians, shared, config, progress)
         result.calibration_seconds, result.math_seconds = middle - start, time.perf_counter() - middle

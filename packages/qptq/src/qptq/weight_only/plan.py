@@ -82,8 +82,8 @@ class WeightPlan:
     def adopt(self, codes: GroupCodes) -> None:
         """Take ``codes`` (chosen here or by another rank): the effective weight follows from them."""
         self.codes = codes
-        effective = codes.dequantize().astype(np.float64)
-        self.effective = effective if self.scales is None else effective / self.scales[:, None]
+        effective = codes.dequantize()  # float32, as the layer will hold it
+        self.effective = effective if self.scales is None else (effective / self.scales[:, None]).astype(np.float32)
 
     def choose(self, config: WeightOnlyConfig, bits: int) -> GroupCodes:
         """The codes ``config``'s algorithms choose at ``bits`` (the expensive step)."""
@@ -100,7 +100,7 @@ class WeightPlan:
 
     def output_error(self) -> float:
         """``tr(D^T H D)`` of the weight change (``||D||^2`` without calibration inputs)."""
-        d = self.effective - self.weight
+        d = self.effective.astype(np.float64) - self.weight
         return output_error(d, self.hessian) if self.hessian is not None else float(np.sum(d * d))
 
     def relative_error(self) -> float | None:
@@ -181,7 +181,7 @@ def quantize_weights(
             continue
         h = hessians[keys[0]] if hessians is not None else None
         for k in keys:
-            plans[k] = WeightPlan(np.asarray(weights[k], np.float64), h, None, None)
+            plans[k] = WeightPlan(np.asarray(weights[k]), h, None, None)  # float32 weights stay float32
         jobs.append(keys)
 
     def first(keys: list[str]) -> None:
