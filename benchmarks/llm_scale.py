@@ -133,6 +133,7 @@ def main() -> None:
                         help="which set-ups, by index: " + "; ".join(f"{i}: {s}" for i, s in enumerate(SETUPS)))
     parser.add_argument("--work", type=Path, default=Path("/tmp/llm-scale"))
     parser.add_argument("--out", type=Path, default=RESULTS / "llm_scale.md")
+    parser.add_argument("--render", type=Path, help="write the page from a rows.jsonl of earlier runs, run nothing")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--ids", type=Path, help=argparse.SUPPRESS)
@@ -143,32 +144,50 @@ def main() -> None:
         child(args)
         return
     import numpy as np
-    import paddle
 
-    from qcore.deploy.host import describe_cpu
     from qcore.outputs import write_bytes
 
     args.work.mkdir(parents=True, exist_ok=True)
     setups = [SETUPS[int(i)] for i in args.setups.split(",")]
-    rows = []
-    load_before = os.getloadavg()
+    rows: list[dict[str, Any]] = []
+    if args.render is not None:
+        rows = [json.loads(line) for line in args.render.read_text().splitlines() if line.strip()]
+        for r in rows:
+            r["shape"] = tuple(r["shape"])
+        args.windows, args.length = rows[0]["windows"], rows[0]["length"]
+        args.sizes = ",".join(dict.fromkeys(r["size"] for r in rows))
+        write_bytes(args.out, render(rows, args).encode())
+        print(args.out.read_text())
+        return
     for size in args.sizes.split(","):
         shape = SIZES[size]
         ckpt = checkpoint(args.work, size)
         ids = args.work / f"ids-{args.windows}x{args.length}.npy"
         np.save(ids, np.random.default_rng(0).integers(3, 320, (args.windows, args.length)))
-        digests = set()
         for setup in setups:
             print(f"{size}, {setup} ...", flush=True)
             out = args.work / f"run-{size}-{SETUPS.index(setup)}"
             subprocess.run(["rm", "-rf", str(out)], check=True)
-            row = run(setup, ckpt, ids, out, args.format)
-            digests.add(row["digest"])
-            rows.append({"size": size, "setup": setup, "shape": shape, **row})
+            load = os.getloadavg()[0]
+            row = {"size": size, "setup": setup, "shape": shape, **run(setup, ckpt, ids, out, args.format),
+                   "load": [load, os.getloadavg()[0]]}
+            rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "verified"}), flush=True)
-        rows[-1]["identical"] = len(digests) == 1
-    load_after = os.getloadavg()
+            with open(args.work / "rows.jsonl", "a") as log:  # kept: --render joins rows of several runs
+                log.write(json.dumps({**row, "windows": args.windows, "length": args.length}) + "\n")
+    write_bytes(args.out, render(rows, args).encode())
+    print(args.out.read_text())
 
+
+def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """The results page: the table, the fit and prediction, each run's check."""
+    import paddle
+
+    from qcore.deploy.host import describe_cpu
+
+    for size in {r["size"] for r in rows}:
+        mine = [r for r in rows if r["size"] == size]
+        mine[-1]["identical"] = len({r["digest"] for r in mine}) == 1 if len(mine) > 1 else None
     tokens = args.windows * args.length
     lines = ["# Weight-only LLM quantization at scale: layer by layer, sharded over ranks", "",
              f"`python benchmarks/llm_scale.py --sizes {args.sizes} --windows {args.windows} --length {args.length} "
@@ -180,8 +199,10 @@ def main() -> None:
              " math: GPTQ and clip search; other: reading the table, writing, the runtime's check, start-up. RSS: the "
              "process's peak (VmHWM) when the last layer is done and over the whole call (which includes building "
              "and checking the runtime's model). Bound: 2 GB + two decoder layers in float32 + the calibration "
-             "hidden states (two copies). Load average before / after: "
-             f"{' / '.join(f'{v:.2f}' for v in load_before)}; {' / '.join(f'{v:.2f}' for v in load_after)}.", "",
+             "hidden states (two copies). 1-minute load average before / after each run: "
+             + "; ".join(f"{r['size']} {r['setup']}: " + (" / ".join(f"{v:.2f}" for v in r["load"]) if r.get("load")
+                                                           else "not recorded") for r in rows) + ".",
+             "",
              "| size | params | set-up | wall (s) | calibration (s) | math (s) | other (s) | peak RSS quantizing (GB) |"
              " peak RSS call (GB) | bound (GB) | output (MB) | same bytes as 1 process |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
@@ -190,15 +211,14 @@ def main() -> None:
         params = layer_parameters(r["shape"]) * layers + vocab * hidden
         bound = 2 + (2 * 4 * layer_parameters(r["shape"]) + 2 * 4 * tokens * hidden) / GB
         other = r["job"] - r["calibration"] - r["math"]
-        same = "" if "identical" not in r else ("yes" if r["identical"] else "**no**")
+        same = "" if r.get("identical") is None else ("yes" if r["identical"] else "**no**")
         lines.append(f"| {r['size']} | {params / 1e9:.2f}B | {r['setup']} | {r['job']:.0f} | {r['calibration']:.0f} | "
                      f"{r['math']:.0f} | {other:.0f} | {r['peak_quantizing_mb'] / 1024:.2f} | "
                      f"{r['peak_mb'] / 1024:.2f} | {bound:.2f} | {r['bytes'] / 1e6:.0f} | {same} |")
     lines += ["", prediction(rows, tokens), ""]
     for r in rows:
         lines.append(f"- {r['size']}, {r['setup']}: verified {r['verified']}")
-    write_bytes(args.out, ("\n".join(lines) + "\n").encode())
-    print("\n".join(lines))
+    return "\n".join(lines) + "\n"
 
 
 def prediction(rows: list[dict[str, Any]], tokens: int) -> str:

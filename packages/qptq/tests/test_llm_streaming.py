@@ -164,3 +164,18 @@ def test_gemma3_layers_stream_with_their_windows_and_rotary_bases():
     assert layers == sorted(layers) and len(layers) == len(set(source.reads) - {"embed_tokens.weight",
                                                                                   "norm.weight"})
     assert source.reads.count("embed_tokens.weight") == 1
+
+
+def test_quant_post_dynamic_takes_a_checkpoint_directory_and_streams_it(tmp_path):
+    from qcore.errors import ConfigError
+    from qptq import quant_post_dynamic
+
+    directory = save_tiny_paddlenlp_checkpoint(tmp_path / "ckpt", "qwen2", weights="safetensors", shards=2)
+    with pytest.raises(ConfigError, match="format='onnxruntime-genai'"):
+        quant_post_dynamic(directory, tmp_path / "none", weight_bits=4)
+    assert not (tmp_path / "none").exists()
+    report = quant_post_dynamic(directory, tmp_path / "ort", weight_bits=4, group_size=32, algo="gptq",
+                                format="onnxruntime-genai", calibration=np.arange(3, 259).reshape(2, 128))
+    assert (report.output / "model.onnx").is_file() and report.format == "onnxruntime-genai"
+    assert {layer.bits for layer in report.result.layers} == {4}
+    assert not list(tmp_path.glob(".codes-*"))  # the spilled codes are gone once written

@@ -17,7 +17,7 @@ from qcore.constants import WEIGHT_ONLY_OP_TYPES, WEIGHT_QUANTIZE_TYPES
 from qcore.deploy import Deployment
 from qcore.errors import ConfigError
 from qcore.graph import open_graph
-from qcore.model_io import ModelFiles, check_model_output, load_model
+from qcore.model_io import check_model_output, load_model
 
 from .naming import dynamic_output_names
 from .weight_only.config import WeightOnlyConfig
@@ -45,7 +45,9 @@ def quant_post_dynamic(
     data_loader: Iterable[Any] | None = None,
     batch_size: int = 16,
     batch_nums: int | None = None,
-) -> ModelFiles:
+    format: str | None = None,
+    calibration: Any = None,
+) -> Any:
     """Store the weights of ``quantizable_op_type`` ops as int8/int16 and save the model.
 
     With both ``save_*_filename`` left None the files are named as the input is (:mod:`qptq.naming`):
@@ -61,7 +63,16 @@ def quant_post_dynamic(
     ``weight_bits=4``, ``group_size`` or ``algo`` (``"rtn"``, ``"gptq"``) is given, or a whole
     ``weight_only`` config: see :func:`quant_post_weight_only`; ``sample_generator`` / ``batch_generator``
     / ``data_loader`` (``batch_size``, ``batch_nums``) feed its calibration.
+
+    An LLM checkpoint (a ``.gguf`` file, or a PaddleNLP checkpoint directory: ``config.json`` + weights +
+    ``tokenizer.json``) goes to :func:`qptq.llm.route.quantize_llm` instead, streamed a decoder layer at a time:
+    ``format`` (``"gguf"``, ``"onnxruntime-genai"``, ``"openvino-genai"``) names what to write, ``calibration``
+    the text file or token ids GPTQ and clip search need, and ``weight_only`` (or ``weight_bits`` / ``group_size``
+    / ``algo``) what to do; the return value is then the route's :class:`~qptq.llm.route.LlmReport`.
     """
+    if format is not None or _is_llm_checkpoint(Path(model_dir)):
+        return _quantize_llm_checkpoint(Path(model_dir), Path(save_model_dir), format, weight_only, weight_bits,
+                                        group_size, algo, calibration)
     if weight_only is not None or weight_bits == 4 or group_size is not None or algo is not None:
         config = weight_only or WeightOnlyConfig(bits=weight_bits, group_size=128 if group_size is None else group_size,
                                                  algo=algo or "rtn")
@@ -93,6 +104,28 @@ def quant_post_dynamic(
     if test_graph is not None:
         test_graph.save(Path(save_model_dir) / "test_model", *names)
     return files
+
+
+def _is_llm_checkpoint(path: Path) -> bool:
+    return path.suffix == ".gguf" or (path / "config.json").is_file()
+
+
+def _quantize_llm_checkpoint(source: Path, out: Path, format: str | None, weight_only: WeightOnlyConfig | None,
+                             weight_bits: int, group_size: int | None, algo: str | None, calibration: Any) -> Any:
+    from .llm.route import LLM_FORMATS, quantize_llm
+
+    if format is None:
+        format = "gguf" if source.suffix == ".gguf" else None
+        if format is None:
+            raise ConfigError(f"{source} is an LLM checkpoint directory: say what to write with "
+                              "format='onnxruntime-genai' or format='openvino-genai'")
+    if format not in LLM_FORMATS:
+        raise ConfigError(f"format={format!r} is not written; use one of {sorted(LLM_FORMATS)}")
+    grid = LLM_FORMATS[format][1]
+    config = weight_only or WeightOnlyConfig(
+        bits=weight_bits, group_size=group_size or (32 if grid == "gguf" else 128), algo=algo or "rtn", grid=grid,
+        symmetric=grid == "gguf")
+    return quantize_llm(source, out, config, calibration, format=format)
 
 
 #: PaddleSlim's older name for :func:`quant_post_dynamic` (same signature), kept so its scripts run unchanged.
