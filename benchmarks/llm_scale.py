@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+from launch import worker_command  # noqa: E402
 from peak_rss import peak_rss_mb  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -104,11 +105,7 @@ def run(setup: str, ckpt: Path, ids: Path, out: Path, fmt: str) -> dict[str, Any
               "--out", str(out / "model"), "--report", str(out / "rank0.json"), "--format", fmt]
     threads = "2" if setup == SETUPS[1] else "1"
     env = {**os.environ, "OMP_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    if setup == SETUPS[2]:
-        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--max_restart", "0",
-               "--log_dir", str(out / "logs"), *script]
-    else:
-        cmd = [sys.executable, *script]
+    cmd = worker_command(script, 2 if setup == SETUPS[2] else 1, out / "logs")
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     job = time.perf_counter() - start

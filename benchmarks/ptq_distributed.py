@@ -27,6 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from launch import worker_command  # noqa: E402
+
 RESULTS = Path(__file__).parent / "results"
 NOTE = (
     'Reading it: two processes on two cores can at best halve the calibration pass. Here each rank still runs'
@@ -69,11 +72,7 @@ def run(setup: str, work: Path, samples: int, batch_size: int) -> tuple[tuple[fl
     script = [str(Path(__file__).resolve()), "--worker", str(out), "--samples", str(samples),
               "--batch-size", str(batch_size)]
     threads = "2" if setup == SETUPS[1] else "1"
-    if setup == SETUPS[2]:
-        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--max_restart", "0",
-               "--log_dir", str(out / "logs"), *script]
-    else:
-        cmd = [sys.executable, *script]
+    cmd = worker_command(script, 2 if setup == SETUPS[2] else 1, out / "logs")
     start = time.perf_counter()
     subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": threads})
     job = time.perf_counter() - start
