@@ -174,7 +174,7 @@ def test_quant_post_dynamic_takes_a_checkpoint_directory_and_streams_it(tmp_path
     with pytest.raises(ConfigError, match="format='onnxruntime-genai'"):
         quant_post_dynamic(directory, tmp_path / "none", weight_bits=4)
     assert not (tmp_path / "none").exists()
-    report = quant_post_dynamic(directory, tmp_path / "ort", weight_bits=4, group_size=32, algo="gptq",
+    report = quant_post_dynamic(directory, tmp_path / "new" / "ort", weight_bits=4, group_size=32, algo="gptq",
                                 format="onnxruntime-genai", calibration=np.arange(3, 259).reshape(2, 128))
     assert (report.output / "model.onnx").is_file() and report.format == "onnxruntime-genai"
     assert {layer.bits for layer in report.result.layers} == {4}

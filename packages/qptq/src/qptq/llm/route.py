@@ -191,7 +191,7 @@ def quantize_llm(source: str | os.PathLike[str], out: str | os.PathLike[str], co
     start = time.perf_counter()
     try:
         done = quantize_streaming(tensors, config, None if windows is None else windows[rank::size], probe,
-                                  on_layer=layers.step if layers else None, spill_to=out.resolve().parent)
+                                  on_layer=layers.step if layers else None, spill_to=_existing_parent(out))
     finally:
         if layers is not None:
             layers.close()
@@ -217,6 +217,14 @@ def quantize_llm(source: str | os.PathLike[str], out: str | os.PathLike[str], co
 
     written, verified, size = on_rank0(write, str(out))
     return LlmReport(written, format, arch, size, float_bytes, result, verified)
+
+
+def _existing_parent(path: Path) -> Path:
+    """The nearest directory above ``path`` that exists (the output's parent may not yet)."""
+    parent = path.resolve().parent
+    while not parent.is_dir():
+        parent = parent.parent
+    return parent
 
 
 def read_tokenizer(source: Path) -> tuple[Any, TokenizerFiles]:
