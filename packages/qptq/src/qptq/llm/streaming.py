@@ -117,12 +117,12 @@ def quantize_streaming(source: TensorSource, config: WeightOnlyConfig, windows: 
     port = port_of(cfg)
     scale = DecoderLayout.of(SimpleNamespace(cfg=cfg)).embed_scale
     weight_name: Callable[[str, Any], str] = lambda name, layer: f"{name}.weight"  # noqa: E731
-    arguments: dict[tuple[int, int], tuple[Any, ...]] = {}
+    per_length: dict[int, list[tuple[Any, ...]]] = {}  # every layer's rotary tables and mask, by window length
 
     def layer_arguments(i: int, length: int) -> tuple[Any, ...]:
-        if (i, length) not in arguments:
-            arguments[(i, length)] = (*port.layer_inputs(cfg, 0, length)[i], None, None)
-        return arguments[(i, length)]
+        if length not in per_length:
+            per_length[length] = port.layer_inputs(cfg, 0, length)
+        return (*per_length[length][i], None, None)
 
     table = source.tensor("embed_tokens.weight")
     tables = WeightOnlyResult()  # round to nearest needs no calibration: coded first, reported last
@@ -137,7 +137,7 @@ def quantize_streaming(source: TensorSource, config: WeightOnlyConfig, windows: 
     # probe reads what the runtime will, the coded table
     hidden = [embed(w, table) for w in windows or ()]
     probe_h = embed(probe, _table(tables, table))
-    del table  # read again at the end: memory holds one layer between
+    del table  # a float table is read again at the end: memory holds one layer between
     state: dict[str, np.ndarray] = {}
     result = WeightOnlyResult()
     spill = None if spill_to is None else tempfile.TemporaryDirectory(prefix=".codes-", dir=spill_to)
