@@ -64,15 +64,34 @@ class Line(NamedTuple):
 Page = tuple[np.ndarray, list[Line]]  # BGR pixels, the lines on it
 
 
-def render_page(rng: random.Random, width: int = 960, height: int = 736) -> Page:
-    """A light page with 5-9 lines of random words at random sizes and places; a quarter upside down."""
-    page = Image.new("RGB", (width, height), (rng.randint(215, 255),) * 3)
+#: Fonts of the held-out pages (``style="held-out"``): DejaVu faces, none of them the calibration pages' font.
+HELD_OUT_FONTS = ("DejaVuSans.ttf", "DejaVuSerif.ttf", "DejaVuSansMono.ttf", "DejaVuSansCondensed.ttf",
+                  "DejaVuSerif-Bold.ttf")
+FONT_DIR = Path("/usr/share/fonts/truetype/dejavu")
+
+
+def _font(rng: random.Random, style: str) -> Any:
+    """Pillow's bundled font (calibration), or one of :data:`HELD_OUT_FONTS` (held-out pages)."""
+    if style == "bundled":
+        return ImageFont.load_default(size=rng.choice([24, 28, 32, 36]))
+    return ImageFont.truetype(str(FONT_DIR / rng.choice(HELD_OUT_FONTS)), size=rng.choice([22, 26, 30, 34, 38]))
+
+
+def render_page(rng: random.Random, width: int = 960, height: int = 736, style: str = "bundled") -> Page:
+    """A light page with 5-9 lines of random words at random sizes and places; a quarter upside down.
+
+    ``style="held-out"``: pages apart from the calibration ones in more than the seed: DejaVu fonts instead of
+    Pillow's bundled one, other sizes, words of 2-10 characters, a grey gradient background and pixel noise."""
+    held_out = style == "held-out"
+    background = rng.randint(200, 255) if held_out else rng.randint(215, 255)
+    page = Image.new("RGB", (width, height), (background,) * 3)
     alphabet = string.ascii_letters + string.digits
     lines, y = [], rng.randint(20, 60)
     while len(lines) < rng.randint(5, 9):
-        words = [''.join(rng.choice(alphabet) for _ in range(rng.randint(3, 8))) for _ in range(rng.randint(1, 4))]
+        lengths = (2, 10) if held_out else (3, 8)
+        words = [''.join(rng.choice(alphabet) for _ in range(rng.randint(*lengths))) for _ in range(rng.randint(1, 4))]
         text = " ".join(words)
-        font = ImageFont.load_default(size=rng.choice([24, 28, 32, 36]))
+        font = _font(rng, style)
         left, top, right, bottom = font.getbbox(text)
         line = Image.new("RGB", (right - left + 12, bottom - top + 12), page.getpixel((0, 0)))
         ImageDraw.Draw(line).text((6 - left, 6 - top), text, fill=(rng.randint(0, 70),) * 3, font=font)
@@ -85,7 +104,12 @@ def render_page(rng: random.Random, width: int = 960, height: int = 736) -> Page
         page.paste(line, (x, y))
         lines.append(Line(text, (x, y, x + line.width, y + line.height), upside_down))
         y += line.height + rng.randint(15, 60)
-    return np.ascontiguousarray(np.asarray(page)[:, :, ::-1]), lines
+    pixels = np.asarray(page).astype(np.float32)
+    if held_out:  # a left-to-right shading and sensor-like noise, seeded by the page's own generator
+        noise = np.random.default_rng(rng.randrange(2**32))
+        pixels = pixels * np.linspace(1.0, rng.uniform(0.85, 1.0), width)[None, :, None]
+        pixels = np.clip(pixels + noise.normal(0, rng.uniform(2, 8), pixels.shape), 0, 255)
+    return np.ascontiguousarray(pixels.astype(np.uint8)[:, :, ::-1]), lines
 
 
 def read_lines(result: Any, truth: list[Line]) -> list[str]:
