@@ -246,8 +246,8 @@ def choose_float(graph: Graph, targets: Targets, errors: dict[int, LayerError], 
     section = {
         "budget": {"max_output_error": budget, "margin": f"mean + {MARGIN_SE:g} standard errors",
                    "met": chosen is not None},
-        "held_out": {"batches": len(held.batches), "of": held.seen, "unseen": bool(held.batches),
-                     **estimate.report()},
+        "held_out": {**estimate.report(), "batches": len(held.batches), "of": held.seen,
+                     "unseen": bool(held.batches)},
         "candidates": tried,
         "float_layers": {_name(ops[i], i): why for i, why in sorted(keep.items())},
         "layer_errors": {_name(ops[i], i): {
