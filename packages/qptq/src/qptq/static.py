@@ -156,7 +156,7 @@ class PostTrainingQuantization:
         graph.fold_conv_bn(fusable_biases=target.optimize_model)  # always (module doc)
         targets = target.targets(graph)
         held = decide.HeldOut()
-        decides = how.algo == AUTO and (config.budget is None or config.budget.eval_function is None)
+        decides = how.algo == AUTO and config.budget is None  # a budget's search decides the float layers itself
         fit = replace(config, data=decide.split_data(config.data, model, held)) if decides else config
         smoothing = smooth_graph(graph, targets.ops, fit, model, LAYERWISE_SAMPLES) if how.algo == AUTO else []
         if any(choice.factors is not None for choice in smoothing):
@@ -205,15 +205,14 @@ class PostTrainingQuantization:
         whole, speed = decide.speed_float(deployment, targets.ops, errors)
         if whole is not None:
             return speed, decide.whole_model_report(whole, errors)
-        limit = decide.DEFAULT_OUTPUT_ERROR if config.budget is None else config.budget.max_output_error
-        assert limit is not None
 
         def candidate(keep: dict[int, str]) -> Graph:
             return rewritten_clone(graph, plan, deployment, calibration, config.target.targets,
                                    per_channel=how.per_channel, keep_float=keep)
 
         fallback = [] if held.batches else list(islice(config.data.batches(self.model), BUDGET_BATCHES))
-        return decide.choose_float(graph, targets, errors, speed, held, fallback, limit, candidate)
+        return decide.choose_float(graph, targets, errors, speed, held, fallback, decide.DEFAULT_OUTPUT_ERROR,
+                                   candidate)
 
     def save_quantized_model(
         self,
