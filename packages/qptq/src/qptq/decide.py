@@ -112,7 +112,8 @@ def _channel_error(y: np.ndarray, reference: np.ndarray, axis: int) -> float:
 
 def layer_errors(graph: Graph, targets: Sequence[OpTarget], plan: Plan, deployment: Deployment,
                  samples: dict[str, list[np.ndarray]], per_channel: bool) -> dict[int, LayerError]:
-    """:class:`LayerError` of every replayable weighted target with kept samples, by position in ``targets``."""
+    """:class:`LayerError` of every replayable weighted target with kept samples that the target runs in int8, by
+    position in ``targets``."""
     chosen = plan.chosen()
     bits, max_code = deployment.weight_bits, deployment.weight_max_code(graph.family)
     errors = {}
@@ -120,6 +121,8 @@ def layer_errors(graph: Graph, targets: Sequence[OpTarget], plan: Plan, deployme
         for i, target in enumerate(targets):
             if target.weight is None or len(target.activations) != 1 or not replayable(graph, target.op):
                 continue
+            if target.float_reason or deployment.target.op_problem(target.op, graph.family):
+                continue  # float on this target whatever is decided here
             name = target.activations[0].name
             if not samples.get(name) or chosen.get(name, 0.0) <= 0:
                 continue
