@@ -13,10 +13,12 @@ error of each layer and the target runtime's cost rules (data in its module unde
    on small channels, which the next layer's per-channel weights and gates scale back up; the input's channel
    spread is reported beside it. Layers are ranked by it.
 3. **How many stay float.** Every :data:`HOLD_EVERY`-th calibration batch is held back from calibration. Candidates
-   keep float the layers whose channel error exceeds each step of :data:`ERROR_STEPS`; each candidate is the model
-   the run would save, scored on the held-back batches by its output error against float, per batch. The first
-   (fewest float layers) whose mean plus :data:`MARGIN_SE` standard errors is within the budget is chosen; the
-   report gives the estimate and its standard error on batches the thresholds never saw.
+   keep float the layers whose channel error stands out from the model's median layer's by each factor of
+   :data:`STAND_OUT`; each candidate is the model the run would save, scored on the held-back batches by its output
+   error against float, per batch. The first (fewest float layers) whose mean plus :data:`MARGIN_SE` standard
+   errors is within the budget is chosen; when none is, the one with the fewest float layers among those the
+   held-back batches cannot tell from the best (:func:`fewest_near_best`). The report gives the estimate and its
+   standard error on batches the thresholds never saw.
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ from .plan import Plan
 
 #: Every this-many-th calibration batch is held back from calibration and scores the float choices.
 HOLD_EVERY = 4
-#: Channel-error steps (relative squared error, averaged over output channels) whose layers a candidate keeps
-#: float, loosest last; the first candidate is all int8 (what the cost rules allow).
-ERROR_STEPS = (0.1, 0.03, 0.01, 0.003)
+#: A candidate keeps float the layers whose channel error is over this many times the model's median layer's (a
+#: layer standing out from the rest of the model), loosest last; the first candidate is all int8 (as the cost rules
+#: allow). Relative to the model's own median, so the steps mean the same on any model and data.
+STAND_OUT = (16.0, 8.0, 4.0, 2.0)
 #: At most this share of the weighted layers stays float for accuracy.
 MAX_FLOAT_SHARE = 0.5
 #: The default budget: relative L2 error of the model's outputs against float, on the held-back batches.
@@ -186,13 +189,16 @@ def accuracy_reason(e: LayerError) -> str:
 
 
 def candidate_sets(errors: dict[int, LayerError], exclude: set[int]) -> list[list[int]]:
-    """The float sets tried, fewest first: none, then the layers over each :data:`ERROR_STEPS` step (worst first,
-    at most :data:`MAX_FLOAT_SHARE` of the layers)."""
+    """The float sets tried, fewest first: none, then the layers whose channel error is over each
+    :data:`STAND_OUT` multiple of the median layer's (worst first, at most :data:`MAX_FLOAT_SHARE` of the layers)."""
     ranked = sorted((i for i in errors if i not in exclude), key=lambda i: -errors[i].channels)
+    if not ranked:
+        return [[]]
+    median = float(np.median([errors[i].channels for i in ranked]))
     cap = int(MAX_FLOAT_SHARE * len(errors))
     sets: list[list[int]] = [[]]
-    for step in ERROR_STEPS:
-        chosen = [i for i in ranked if errors[i].channels > step][:cap]
+    for factor in STAND_OUT:
+        chosen = [i for i in ranked if errors[i].channels > factor * median][:cap]
         if len(chosen) > len(sets[-1]):
             sets.append(chosen)
     return sets
@@ -231,20 +237,18 @@ def choose_float(graph: Graph, targets: Targets, errors: dict[int, LayerError], 
     batches = held.batches or fallback
     references = [run_batches(graph, [b]) for b in batches]
     tried: list[dict[str, Any]] = []
-    best: tuple[float, dict[int, str], Estimate] | None = None
     chosen = None
+    scored: list[tuple[dict[int, str], Estimate]] = []
     for float_set in candidate_sets(errors, set(speed)):
         keep = {**speed, **{i: accuracy_reason(errors[i]) for i in float_set}}
         model = candidate(keep)
         estimate = Estimate.of([output_error(run_batches(model, [b]), r) for b, r in zip(batches, references)])
         tried.append({"float_for_accuracy": len(float_set), **estimate.report()})
-        if best is None or estimate.upper < best[0]:
-            best = (estimate.upper, keep, estimate)
+        scored.append((keep, estimate))
         if estimate.upper <= budget:
             chosen = (keep, estimate)
             break
-    assert best is not None
-    keep, estimate = chosen or (best[1], best[2])
+    keep, estimate = chosen or fewest_near_best(scored)
     ops = targets.ops
     section = {
         "budget": {"max_output_error": budget, "margin": f"mean + {MARGIN_SE:g} standard errors",
@@ -260,6 +264,14 @@ def choose_float(graph: Graph, targets: Targets, errors: dict[int, LayerError], 
         "seconds": round(time.perf_counter() - start, 3),
     }
     return keep, section
+
+
+def fewest_near_best(scored: list[tuple[dict[int, str], Estimate]]) -> tuple[dict[int, str], Estimate]:
+    """When no candidate meets the budget: the one with the fewest float layers whose held-out mean is within
+    :data:`MARGIN_SE` standard errors of the lowest mean (more float layers must buy a difference the held-out
+    batches can tell from noise)."""
+    best = min(scored, key=lambda c: c[1].mean)[1]
+    return next(c for c in scored if c[1].mean <= best.mean + MARGIN_SE * best.se)
 
 
 def _name(target: OpTarget, position: int) -> str:
