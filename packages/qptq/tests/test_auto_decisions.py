@@ -133,3 +133,13 @@ def test_the_rule_tables_name_no_model():
         if target.min_int8_work is not None:
             assert not names.search(target.min_int8_work.reason)
     assert not names.search(inspect.getsource(decide))
+
+
+def test_without_a_candidate_in_budget_the_fewest_float_layers_near_the_best_win():
+    def estimate(mean: float, se: float) -> decide.Estimate:
+        return decide.Estimate(mean, se, [mean])
+
+    scored = [({}, estimate(0.31, 0.016)), ({1: "a"}, estimate(0.22, 0.013)),
+              ({1: "a", 2: "b"}, estimate(0.081, 0.013)), ({1: "a", 2: "b", 3: "c"}, estimate(0.070, 0.015))]
+    keep, chosen = decide.fewest_near_best(scored)
+    assert keep == {1: "a", 2: "b"} and chosen.mean == 0.081  # 0.081 <= 0.070 + 2 x 0.015; 0.22 is not
