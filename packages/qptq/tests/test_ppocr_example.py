@@ -1,18 +1,16 @@
-"""``examples/ppocr_int8.py --help`` says what the script does: every option has a help text, and ``--algo``'s
-default is what ``quantize_ppocr`` passes to ``quant_post_static`` for each model and runtime (read here by
-recording the calls, without RapidOCR or any model)."""
+"""``examples/ppocr_int8.py`` holds no per-model recipe: every model goes through ``quant_post_static(...,
+algo="auto")`` and the decision comes back from the report (read here by recording the calls, without RapidOCR
+or any model); ``--help`` says what the script does."""
 
 from __future__ import annotations
 
 import importlib.util
-import inspect
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from qptq import quant_post_static
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "ppocr_int8.py"
 
@@ -25,25 +23,32 @@ def example():
     return module
 
 
-def _algos(example, monkeypatch, tmp_path, runtime: str, algo: str | None) -> dict[str, str]:
-    """{role: the algo quant_post_static gets, or 'float' for a model written as it is} for one run."""
-    default = inspect.signature(quant_post_static).parameters["algo"].default
+def test_every_model_gets_auto_and_a_float_decision_uses_the_float_file(example, monkeypatch, tmp_path):
     used = {}
-    monkeypatch.setattr(example, "quantize_model", lambda model, batches, rt, out, **options: used.setdefault(
-        model.name, options.get("algo", default)))
-    monkeypatch.setattr(example, "export_onnx", lambda model, path: used.setdefault(model.name, "float"))
-    example.quantize_ppocr({role: [] for role in example.MODELS}, runtime, tmp_path / "out", models=tmp_path,
-                           algo=algo)
-    return {role: used[folder] for role, (folder, _, _) in example.MODELS.items()}
+    whole_float = {"algo": "auto", "deploy_backend": "onnxruntime",
+                   "auto": {"model": "float", "why": "onnxruntime: int8 cannot be faster than float"}}
+    some_float = {"algo": "auto", "deploy_backend": "onnxruntime", "auto": {
+        "held_out": {"mean": 0.01, "standard_error": 0.001, "batches": 5, "of": 20, "unseen": True},
+        "budget": {"max_output_error": 0.05, "met": True},
+        "float_layers": {"3 depthwise_conv2d a": "onnxruntime: slower in int8", "7 conv2d b": "accuracy: ..."}}}
+
+    def quantize_model(model, batches, runtime, out, **options):
+        used[model.name] = options
+        return out / "inference.onnx", whole_float if "cls" in model.name else some_float
+
+    monkeypatch.setattr(example, "quantize_model", quantize_model)
+    files, decisions = example.quantize_ppocr({role: [] for role in example.MODELS}, "onnxruntime", tmp_path)
+    assert all(options == {"algo": "auto"} for options in used.values()) and len(used) == 3
+    assert files["cls"] == example.float_onnx("cls") and files["rec"] == tmp_path / "rec" / "inference.onnx"
+    assert decisions["cls"] == ("float", "onnxruntime: int8 cannot be faster than float")
+    result, why = decisions["rec"]
+    assert result == "int8, 2 layers float" and why.startswith("1 for speed, 1 for accuracy; output error 0.01")
 
 
-def test_the_help_states_the_algo_each_model_gets(example, monkeypatch, tmp_path):
-    ort = _algos(example, monkeypatch, tmp_path, "onnxruntime", None)
-    ov = _algos(example, monkeypatch, tmp_path, "openvino-runtime", None)
-    assert ort == {"det": "auto", "cls": "KL", "rec": "KL"} and ov == {"det": "auto", "cls": "float", "rec": "KL"}
-    assert example.algo_defaults() == "det auto; cls KL on onnxruntime, float on openvino-runtime; rec KL"
-    given = _algos(example, monkeypatch, tmp_path, "openvino-runtime", "mse")
-    assert given == {"det": "mse", "cls": "float", "rec": "mse"}  # --algo: every model quantized; float stays
+def test_the_example_holds_no_table_of_model_names(example):
+    source = EXAMPLE.read_text()
+    assert not hasattr(example, "RECIPE") and "quantizable_op_type" not in source
+    assert not re.search(r"\(\s*\"(det|cls|rec)\"\s*,\s*\"(onnxruntime|openvino)", source)
 
 
 def test_every_option_has_a_help_text(example):
@@ -51,6 +56,4 @@ def test_every_option_has_a_help_text(example):
     assert all(action.help for action in parser._actions), [a.dest for a in parser._actions if not a.help]
     text = subprocess.run([sys.executable, str(EXAMPLE), "--help"], capture_output=True, text=True, timeout=300,
                           check=True).stdout
-    flat = " ".join(text.split())
-    assert f"default: {example.algo_defaults()}" in flat
-    assert "its default" not in flat  # the old text, wrong for det
+    assert "default: auto" in " ".join(text.split())

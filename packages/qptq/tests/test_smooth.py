@@ -155,7 +155,7 @@ def test_auto_runs_as_paddleslim_scripts_call_it(tmp_path, family):
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    assert result["auto"]["batches"] == result["hist"]["batches"] == 4
+    assert result["hist"]["batches"] == 4 and result["auto"]["batches"] == 3  # auto held the 4th back (qptq.decide)
     assert result["auto"]["smoothed"] >= 1 and result["hist"]["smoothed"] == 0
     assert result["auto"]["error"] < result["hist"]["error"]
 

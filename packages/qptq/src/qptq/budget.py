@@ -29,7 +29,7 @@ from qcore.model_io import ModelFiles
 from .calibrate import Calibration, run_batches
 from .config import Budget, TargetConfig
 from .plan import Plan
-from .rewrite import quantize_graph
+from .rewrite import rewritten_clone
 
 log = logging.getLogger(__name__)
 
@@ -124,11 +124,8 @@ def search(graph: Graph, plan: Plan, calibration: Calibration, budget: Budget, *
     layers = [i for i, t in enumerate(ops) if t.weight is not None and t.for_conv is None]
 
     def candidate(float_layers: Iterable[int]) -> Graph:
-        clone = graph.clone()
-        keep = {i: "accuracy budget: candidate" for i in float_layers}
-        quantize_graph(clone, target.targets(clone), plan, deployment, calibration, per_channel=per_channel,
-                       keep_float=keep)
-        return clone
+        return rewritten_clone(graph, plan, deployment, calibration, target.targets, per_channel=per_channel,
+                               keep_float={i: "accuracy budget: candidate" for i in float_layers})
 
     alone = {i: output_error(run_batches(candidate(set(layers) - {i}), batches), reference) for i in layers}
     order = sorted(layers, key=lambda i: (-alone[i], i))

@@ -6,7 +6,7 @@ candidate is exactly the model the budget would save.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from qcore.deploy import Deployment, OpTarget, Targets
@@ -58,6 +58,17 @@ def quantize_graph(graph: Graph, targets: Targets, plan: Plan, deployment: Deplo
 
     rewritten = deployment.rewrite(graph, targets, plan.chosen(), planned)
     return Quantized(rewritten, grids, correct_biases(graph, rewritten, calibration))
+
+
+def rewritten_clone(graph: Graph, plan: Plan, deployment: Deployment, calibration: Calibration,
+                    targets_of: Callable[[Graph], Targets], *, per_channel: bool, keep_float: Mapping[int, str]
+                    ) -> Graph:
+    """A clone of ``graph`` rewritten as ``plan`` says with the ``keep_float`` layers float: exactly the model a run
+    would save with that choice (accuracy-budget and ``auto`` candidates)."""
+    clone = graph.clone()
+    quantize_graph(clone, targets_of(clone), plan, deployment, calibration, per_channel=per_channel,
+                   keep_float=keep_float)
+    return clone
 
 
 def correct_biases(graph: Graph, rewritten: Rewritten, calibration: Calibration) -> dict[int, float | None]:

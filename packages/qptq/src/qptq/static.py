@@ -20,15 +20,17 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from itertools import islice
 from typing import Any
 
+from qcore.deploy import Targets
 from qcore.distributed import on_rank0
 from qcore.graph import Graph, open_graph
 from qcore.model_io import ModelFiles, check_model_output
 from qcore.outputs import write_bytes
 
-from . import budget
+from . import budget, decide
 from .adaround import adaround_targets
 from .auto import AUTO
 from .bias_correction import input_means
@@ -44,9 +46,9 @@ from .config import (
     check_paddleslim_only,
 )
 from .naming import SEED_MODEL_FILENAME, SEED_PARAMS_FILENAME, output_names
-from .plan import choose
+from .plan import Plan, choose
 from .report import run_report
-from .rewrite import quantize_graph
+from .rewrite import quantize_graph, rewritten_clone
 from .sharded import calibrate_sharded
 from .smooth import smooth_graph
 
@@ -153,12 +155,15 @@ class PostTrainingQuantization:
         graph = open_graph(model)
         graph.fold_conv_bn(fusable_biases=target.optimize_model)  # always (module doc)
         targets = target.targets(graph)
-        smoothing = smooth_graph(graph, targets.ops, config, model, LAYERWISE_SAMPLES) if how.algo == AUTO else []
+        held = decide.HeldOut()
+        decides = how.algo == AUTO and config.budget is None  # a budget's search decides the float layers itself
+        fit = replace(config, data=decide.split_data(config.data, model, held)) if decides else config
+        smoothing = smooth_graph(graph, targets.ops, fit, model, LAYERWISE_SAMPLES) if how.algo == AUTO else []
         if any(choice.factors is not None for choice in smoothing):
             targets = target.targets(graph)  # the smoothed readers read the multiply's output
         layerwise = how.algo == AUTO or how.round_type == "adaround"
         calibration = calibrate_sharded(
-            graph, targets.ops, config, model,
+            graph, targets.ops, fit, model,
             channel_means=input_means(targets.ops) if how.bias_correction else {},
             keep_samples=LAYERWISE_SAMPLES if layerwise else 0)  # merged over ranks
         if how.cache_file is not None:
@@ -168,9 +173,12 @@ class PostTrainingQuantization:
         if how.round_type == "adaround":
             plan.rounded = adaround_targets(graph, targets.ops, calibration.activation_samples, deployment,
                                             per_channel=how.per_channel)
+        auto_report = None
+        if decides:
+            plan.keep_float, auto_report = self._decide(graph, targets, plan, calibration, held)
         calibration.activation_samples.clear()
         budget_report = None
-        if config.budget is not None:
+        if config.budget is not None and not decides:
             assert model.source is not None
             plan.keep_float, budget_report = budget.search(
                 graph, plan, calibration, config.budget, target=target,
@@ -179,11 +187,32 @@ class PostTrainingQuantization:
         quantized = quantize_graph(graph, targets, plan, deployment, calibration,
                                    per_channel=how.per_channel)
         self.report = run_report(plan, quantized, calibration, deployment, graph.family, budget_report)
+        if auto_report is not None:
+            self.report["auto"] = auto_report
         if "float_layers" in self.report:
             log.warning("%s", self.report["float_layers"])
         self.report["calibration_seconds"] = round(time.perf_counter() - start, 3)
         self.graph = graph
         return graph.model.program
+
+    def _decide(self, graph: Graph, targets: Targets, plan: Plan, calibration: Calibration, held: decide.HeldOut
+                ) -> tuple[dict[int, str], dict[str, Any]]:
+        """``algo="auto"``'s float layers and its report section (:mod:`qptq.decide`)."""
+        config, how = self.config, self.config.calibration
+        deployment = config.target.deployment
+        errors = decide.layer_errors(graph, targets.ops, plan, deployment, calibration.activation_samples,
+                                     how.per_channel)
+        whole, speed = decide.speed_float(deployment, targets.ops, errors)
+        if whole is not None:
+            return speed, decide.whole_model_report(whole, errors)
+
+        def candidate(keep: dict[int, str]) -> Graph:
+            return rewritten_clone(graph, plan, deployment, calibration, config.target.targets,
+                                   per_channel=how.per_channel, keep_float=keep)
+
+        fallback = [] if held.batches else list(islice(config.data.batches(self.model), BUDGET_BATCHES))
+        return decide.choose_float(graph, targets, errors, speed, held, fallback, decide.DEFAULT_OUTPUT_ERROR,
+                                   candidate)
 
     def save_quantized_model(
         self,

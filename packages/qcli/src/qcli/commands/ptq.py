@@ -93,9 +93,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="calibration samples: a .npy array (N, ...), a folder of images or .npy files, or module:function / "
         "file.py:function returning an iterable of samples",
     )
-    static.add_argument("--algo", default="kl", type=str.lower, choices=PTQ_ALGO_CHOICES,
-                        help="activation threshold algorithm (default kl); auto: per activation, the one with the "
-                             "least layer output error")
+    static.add_argument("--algo", default="auto", type=str.lower, choices=PTQ_ALGO_CHOICES,
+                        help="activation threshold algorithm (default auto: per activation the threshold with the "
+                             "least layer output error, and per model which layers stay float, from the "
+                             "calibration data and the backend's cost rules, scored on held-back batches; the "
+                             "report's 'auto' section says why); kl: PaddleSlim's default, every layer int8")
     static.add_argument("--round-type", default="round", choices=ROUND_TYPES,
                         help="weight rounding: round (to nearest) or adaround (learned per layer)")
     static.add_argument("--asymmetric", action="store_true",
@@ -404,6 +406,8 @@ def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, repor
           f"{sizes['quantized_params_bytes']:,} bytes ({sizes['ratio']:.2f}x); report: {path}")
     if "grids" in report:  # weight-only groups: the Paddle model holds the simulation, the ONNX file the codes
         _print_weight_only(report, sizes["float_params_bytes"])
+    if "auto" in report:
+        print(f"algo auto: {auto_summary(report['auto'])}")
     for name, value in report.get("accuracy", {}).items():
         print(f"  {name}: {value:.2f}")
     if "verified" in report:
@@ -414,6 +418,18 @@ def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, repor
     elif "verification_failed" not in report:
         print(f"not verified: {report['verified_on']}")
     return status
+
+
+def auto_summary(auto: dict[str, Any]) -> str:
+    """``algo="auto"``'s decision in one line: the whole model float and why, or the layers kept float and the
+    held-out estimate."""
+    if auto.get("model") == "float":
+        return f"the model stays float: {auto['why']}"
+    held = auto["held_out"]
+    where = f"{held['batches']} held-out batches" if held["unseen"] else "calibration batches (none held out)"
+    return (f"{len(auto['float_layers'])} layers float; output error {held['mean']:.3g} +- "
+            f"{held['standard_error']:.2g} on {where} (budget {auto['budget']['max_output_error']:g}"
+            f"{'' if auto['budget']['met'] else ', not met'})")
 
 
 def _print_weight_only(report: dict, float_bytes: int) -> None:

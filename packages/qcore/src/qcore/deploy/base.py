@@ -146,6 +146,29 @@ def output_readers(graph: Graph, writers: list[OpRef], passes: Callable[[Graph, 
     return [(op, through[after[op.key].key if op.key in after else op.key]) for op in writers]
 
 
+@dataclass(frozen=True)
+class SlowInt8:
+    """A cost rule of one runtime: ops of ``op_type`` producing fewer than ``max_outputs`` values per sample run
+    slower in int8 there than in float (what the quantize / dequantize pair and layout changes around the op cost
+    exceeds what its int8 kernel saves), with the measurement behind it."""
+
+    op_type: str  # seed op type
+    max_outputs: int
+    reason: str
+
+    def applies(self, op_type: str | None, outputs: int) -> bool:
+        return op_type == self.op_type and outputs < self.max_outputs
+
+
+@dataclass(frozen=True)
+class MinInt8Work:
+    """A whole-model cost rule: a model whose quantizable ops do fewer than ``macs`` multiply-adds per sample
+    cannot run faster in int8 on the runtime (fixed per-op costs dominate), with the measurement behind it."""
+
+    macs: int
+    reason: str
+
+
 #: Legacy op attribute recording which backend a model was quantized for (on its first op after the feeds).
 MARK_ATTR = "qcore_deploy_backend"
 
@@ -248,6 +271,10 @@ class DeployTarget(ABC):
     #: why the runtime keeps a matmul of two activations (attention's ``Q K^T`` and ``scores V``) float even when
     #: its op type is asked for (``matmul`` listed, ``is_full_quantize``), or None: it runs them int8
     activation_matmuls: ClassVar[str | None] = None
+    #: cost rules: ops the runtime runs slower in int8 than in float (``algo="auto"`` keeps them float)
+    slow_int8: ClassVar[tuple[SlowInt8, ...]] = ()
+    #: a model doing less work than this per sample stays float under ``algo="auto"`` (None: no such rule)
+    min_int8_work: ClassVar[MinInt8Work | None] = None
 
     def __init__(self, overflow_fix: bool | None = None) -> None:
         #: keep 8-bit weight codes within +-64 (True), use the full range (False), or ask the host (None)
@@ -270,6 +297,20 @@ class DeployTarget(ABC):
         if self.activation_matmuls is None or target.weight is not None or kind_of(target.op.seed_type) is not FC:
             return None
         return f"{self.name}: {self.activation_matmuls}"
+
+    def speed_problem(self, op_type: str | None, outputs: int) -> str | None:
+        """The cost rule keeping an op of ``op_type`` with ``outputs`` values per sample float, or None."""
+        rule = next((r for r in self.slow_int8 if r.applies(op_type, outputs)), None)
+        return None if rule is None else f"{self.name}: slower in int8 ({outputs} outputs per sample < " \
+            f"{rule.max_outputs}): {rule.reason}"
+
+    def model_speed_problem(self, macs: int) -> str | None:
+        """Why a model doing ``macs`` multiply-adds per sample in its quantizable ops stays float, or None."""
+        rule = self.min_int8_work
+        if rule is None or macs >= rule.macs:
+            return None
+        return f"{self.name}: int8 cannot be faster than float ({macs / 1e6:.1f} M multiply-adds per sample < " \
+               f"{rule.macs / 1e6:.0f} M): {rule.reason}"
 
     def op_problem(self, op: OpRef, family: str) -> str | None:
         """The data rule: why ``op`` stays float on this target, or None."""

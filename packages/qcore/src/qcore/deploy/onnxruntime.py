@@ -35,6 +35,13 @@ Facts (ONNX Runtime 1.32, measured here where the text says so):
   its ``QLinearConvTranspose`` belongs to other execution providers), so transposed convs stay float here
   (:data:`TRANSPOSED_CONV_FLOAT`). The export writes them int8 for the targets that run them so
   (``openvino-runtime``).
+* Cost rules (``algo="auto"``, :data:`SLOW_DEPTHWISE`, :data:`MIN_WORK`): a QDQ conv runs in NHWC between layout
+  transposes, and each QDQ pair costs a pass over the tensor. Around a depthwise conv with few outputs (a few
+  ten thousand values per sample) that costs more than its int8 kernel saves: PP-OCR v2 cls (depthwise outputs
+  9-38 k values at 48 x 192) ran 1.00-1.56x float all int8 and 0.80-1.18x with its depthwise convs float (batch 1,
+  2 threads, AVX-512 VNNI, two runs), while PP-OCRv4 det and rec (depthwise outputs 61 k-2.8 M) ran 0.66-0.74x
+  float with or without theirs int8. A whole model of 16 M multiply-adds per sample (the same cls, about 1.5 ms)
+  never ran measurably faster in int8 however placed; 700 M (rec) and 3.9 G (det) did.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..optable import CONV_KINDS, kind_of
-from .base import ModelRules, OpTarget, OutputReaderRules, output_readers
+from .base import MinInt8Work, ModelRules, OpTarget, OutputReaderRules, SlowInt8, output_readers
 from .onnx_runtimes import OnnxPredictor, OnnxTarget
 
 if TYPE_CHECKING:
@@ -54,6 +61,14 @@ if TYPE_CHECKING:
 #: Why a transposed conv stays float on ONNX Runtime (module doc).
 TRANSPOSED_CONV_FLOAT = ("ONNX Runtime's CPU execution provider has no int8 transposed conv (its QDQ stays a float "
                          "ConvTranspose between dequantize ops, measured on 1.32): int8 would only add rounding")
+
+#: Depthwise convs writing fewer values per sample than this run slower in int8 here (module doc).
+SLOW_DEPTHWISE = SlowInt8("depthwise_conv2d", 50_000, "the quantize / dequantize pair and NHWC layout transposes "
+                          "around a small depthwise conv cost more than its int8 kernel saves (measured, ONNX "
+                          "Runtime 1.32, batch 1)")
+#: Models doing less work per sample than this stay float under ``algo="auto"`` (module doc).
+MIN_WORK = MinInt8Work(50_000_000, "fixed per-op costs of the quantize / dequantize pairs and layout transposes "
+                       "exceed what int8 kernels save (measured 1.0-1.6x float at 16 M, ONNX Runtime 1.32, batch 1)")
 
 #: Activations ONNX Runtime fuses into the int8 op before them (relu; relu6 as Clip) when their output is quantized with
 #: the zero point at the lowest code): their input needs no quantize of its own (op type without "pd_op.").
@@ -83,6 +98,8 @@ class OnnxRuntimeTarget(OnnxTarget):
     default_grids = "asymmetric"
     dynamic_matmuls = True
     float_ops = {"conv2d_transpose": TRANSPOSED_CONV_FLOAT}
+    slow_int8 = (SLOW_DEPTHWISE,)
+    min_int8_work = MIN_WORK
 
     def plan(self, graph: Graph, targets: list[OpTarget], skip_patterns: Iterable[str] = (), *,
              residual_add: bool = True, calibrated: bool = True) -> tuple[list[OpTarget], set[str]]:
