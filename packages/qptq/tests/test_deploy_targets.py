@@ -8,6 +8,7 @@ import pytest
 
 from qcore.deploy import get_target, host, openvino, openvino_runtime
 from qcore.deploy.openvino import OpenVinoTarget
+from qcore.deploy.scratch import as_pdmodel
 from qcore.errors import ConfigError
 from qcore.graph import open_graph
 from qcore.inference import create_predictor, predict, run_predictor
@@ -206,25 +207,29 @@ def test_auto_and_adaround_outputs_deploy_as_simulated_on_every_cpu_backend(ever
             assert _error(predict(files, {"x": x}, backend=run)[0], simulated) < 0.01, run
 
 
-def _zero_points(files) -> dict[str, int]:
-    """Activation quantize_linear input -> its stored zero point, read from the saved program as is."""
+def _plain_paddle(model_file, params_file, x):
+    """A saved legacy program loaded the plain Paddle way (load_inference_model + an executor, no qcore): each
+    activation quantize_linear's input -> its stored zero point, the marked shift ops, and its outputs for x."""
     with paddle.pir_utils.OldIrGuard():
         paddle.enable_static()
         exe = paddle.static.Executor(paddle.CPUPlace())
         scope = paddle.static.Scope()
         with paddle.static.scope_guard(scope):
-            program, _, _ = paddle.static.load_inference_model(str(files.directory), exe,
-                                                                model_filename=files.model_file.name,
-                                                                params_filename=files.params_file.name)
+            program, feeds, fetches = paddle.static.load_inference_model(
+                str(model_file.parent), exe, model_filename=model_file.name, params_filename=params_file.name)
             block = program.global_block()
-            assert not any(op.type == "elementwise_add" and op.input("Y")[0].endswith("@bias") for op in block.ops)
-            return {op.input("X")[0]: int(np.array(scope.find_var(op.input("ZeroPoint")[0]).get_tensor())[0])
-                    for op in block.ops if op.type == "quantize_linear"}
+            zero_points = {op.input("X")[0]: int(np.array(scope.find_var(op.input("ZeroPoint")[0]).get_tensor())[0])
+                           for op in block.ops if op.type == "quantize_linear"}
+            shifts = [op for op in block.ops if op.has_attr("qcore_zero_point_shift")]
+            out = exe.run(program, feed={feeds[0]: x}, fetch_list=fetches)[0]
+    paddle.disable_static()
+    return zero_points, shifts, out
 
 
-def test_asymmetric_activations_deploy_as_zero_points_on_openvino(every_kind, monkeypatch):
+def test_asymmetric_activations_deploy_as_zero_points_on_openvino(every_kind, monkeypatch, tmp_path):
     """abs_max on relu outputs: the grid is [0, max] (offset = threshold = max / 2, zero point -127); the
-    saved program carries zero points, loading it puts the shifts back, OpenVINO runs it as simulated."""
+    saved program carries the shifts (plain Paddle computes the simulation) and the zero points, the copy
+    OpenVINO reads has the zero points only, and OpenVINO runs it as simulated."""
     directory, x = every_kind
     report = _quantize(directory, "asym", x, deploy_backend="openvino", activation_symmetric=False)
     symmetric = _quantize(directory, "sym", x, deploy_backend="openvino")
@@ -239,15 +244,30 @@ def test_asymmetric_activations_deploy_as_zero_points_on_openvino(every_kind, mo
     # x reaches [-3.90, 3.07]: 255 levels over that span, 10.7 % finer than over [-3.90, 3.90]
     assert inputs["x"]["threshold"] == pytest.approx((3.8994217 + 3.0660367) / 2, rel=1e-6)
     files = find_model_files(directory / "asym")
-    stored = _zero_points(files)
-    assert {name for name, z in stored.items() if z} == set(shifted)
-    for name in shifted:
-        assert stored[name] == -round(inputs[name]["offset"] / (inputs[name]["threshold"] / 127))
-    assert all(stored[name] == -127 for name in relu_outputs)
     loaded = load_model(files)
     shifts = [op for op in loaded.program.global_block().ops if op.has_attr("qcore_zero_point_shift")]
     assert len(shifts) == 2 * len(shifted)
     simulated = loaded.run({"x": x})[0]
+    stored, saved_shifts, plain_out = _plain_paddle(files.model_file, files.params_file, x)
+    assert len(saved_shifts) == 2 * len(shifted) and not any(stored.values())  # shifts, and zero points of 0
+    np.testing.assert_array_equal(plain_out, simulated)  # what qcore simulated, without qcore
+    # Paddle Inference's OpenVINO engine on the saved files, configured by hand: the same model
+    config = paddle.inference.Config(str(files.model_file), str(files.params_file))
+    OpenVinoTarget().configure(config, 1)
+    assert _error(run_predictor(paddle.inference.create_predictor(config), {"x": x})[0], simulated) < 0.01
+    runtime = as_pdmodel(files)  # what qcore's predictors give OpenVINO: zero points in place of the shifts
+    folded, runtime_shifts, _ = _plain_paddle(runtime.model_file, runtime.params_file, x)
+    assert not runtime_shifts
+    assert {name for name, z in folded.items() if z} == set(shifted)
+    for name in shifted:
+        assert folded[name] == -round(inputs[name]["offset"] / (inputs[name]["threshold"] / 127))
+    assert all(folded[name] == -127 for name in relu_outputs)
+    # a model saved folded (before the shifts were saved) gets them back on load: the same simulation
+    old = tmp_path / "folded"
+    old.mkdir()
+    (old / "inference.pdmodel").write_bytes(runtime.model_file.read_bytes())
+    (old / "inference.pdiparams").write_bytes(files.params_file.read_bytes())
+    np.testing.assert_array_equal(load_model(old).run({"x": x})[0], simulated)
     float_out = load_model(directory / "float").run({"x": x})[0]
     assert _error(predict(files, {"x": x}, backend="openvino")[0], simulated) < 0.01
     # the finer activation grids pay off where the weights keep their 8 bits: compared with the overflow fix off

@@ -150,6 +150,42 @@ def test_deployed_equals_simulated_on_both_runtimes(for_onnxruntime, runtime):
     assert _relative_l2(deployed, float_out) < 0.1  # and it is still the float model's function
 
 
+def _plain_executor(out, x: np.ndarray) -> np.ndarray:
+    """The saved Paddle program loaded the plain Paddle way (load_inference_model + an executor), in its IR."""
+    guard = paddle.pir_utils.OldIrGuard() if (out / "inference.pdmodel").exists() else paddle.pir_utils.IrGuard()
+    with guard:
+        paddle.enable_static()
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        with paddle.static.scope_guard(paddle.static.Scope()):
+            program, feeds, fetches = paddle.static.load_inference_model(str(out / "inference"), exe)
+            y = exe.run(program, feed={feeds[0]: x}, fetch_list=fetches)[0]
+    paddle.disable_static()
+    return y
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_plain_paddle_computes_the_simulation_of_a_model_saved_for_a_runtime(float_model, tmp_path, runtime):
+    """The ONNX runtimes get asymmetric (onnxruntime) or unsigned (openvino-runtime) grids: zero points Paddle's
+    kernels ignore. The saved program keeps the shifts standing for them, so a user loading it without qcore
+    gets the model qcore simulated, not another one (0 % of PP-OCR rec lines matched before)."""
+    directory, x, _ = float_model
+    out = tmp_path / runtime
+    report = quant_post_static(None, directory / "float", out, sample_generator=lambda: iter(x), batch_size=8,
+                               algo="abs_max", quantizable_op_type=OP_TYPES, deploy_backend=runtime,
+                               save_model_filename=None, save_params_filename=None)
+    offsets = [i for layer in report["layers"] for i in layer.get("inputs", {}).values() if i.get("offset")]
+    assert offsets  # zero points are in play
+    simulated = load_model(out).run({"x": x})[0]
+    np.testing.assert_array_equal(_plain_executor(out, x), simulated)
+    if runtime == "openvino-runtime" and (out / "inference.pdmodel").exists():
+        import openvino as ov  # OpenVINO reading the saved program itself, without qcore: the same model
+
+        core = ov.Core()
+        compiled = core.compile_model(core.read_model(str(out / "inference.pdmodel")), "CPU",
+                                      {"INFERENCE_PRECISION_HINT": "f32"})
+        assert _relative_l2(compiled(x)[0], simulated) < 1e-2
+
+
 def test_the_openvino_runtime_reads_legacy_programs_itself_and_pir_through_onnx(float_model, tmp_path, monkeypatch):
     directory, x, _ = float_model
     monkeypatch.setenv("QCORE_OPENVINO_PRECISION", "f32")  # the float layers in bf16 (this CPU's default) add ~1 %

@@ -28,7 +28,7 @@ from .errors import ModelFormatError, OutputError
 from .model_files import ModelFiles
 from .outputs import check_file_name, check_output_dir, repair, staged_output
 from .paddle_env import FAMILIES, Family, cpu_executor, load_notice_hidden, static_mode
-from .zero_points import fold_shifts, unfold_zero_points
+from .zero_points import park_zero_points, unfold_zero_points, unpark_zero_points
 
 PARAMS_SUFFIX = ".pdiparams"
 MODEL_SUFFIX = {"pir": ".json", "legacy": ".pdmodel"}
@@ -224,7 +224,7 @@ def load_model(
             raise ModelFormatError(cut)
         if files.family == "pir":
             _strip_pir_fetch_ops(program)
-        else:
+        elif not unpark_zero_points(program):  # saved with its shifts, or (earlier versions) without
             unfold_zero_points(program, scope)
     if files.family != target:
         with static_mode("pir", scope):
@@ -260,7 +260,7 @@ def _write_legacy(model: Model, out_dir: Path, model_name: str, params_name: str
     feeds, fetches = _feed_vars(model), model.fetch_targets
     program = paddle.static.normalize_program(model.program, feeds, fetches)  # a copy: the model keeps its attrs
     _strip_debug_attrs(program)
-    fold_shifts(program)
+    park_zero_points(program, model.scope)
     (out_dir / model_name).write_bytes(paddle.static.io._serialize_program(program))
     if params_name is not None:
         blob = paddle.static.io._serialize_persistables(program, model.executor)
