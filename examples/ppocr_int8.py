@@ -113,8 +113,9 @@ def decision(report: dict[str, Any]) -> tuple[str, str]:
     if auto.get("model") == "float":
         return "float", auto["why"]
     held = auto["held_out"]
-    estimate = (f"output error {held['mean']:.3g} +- {held['standard_error']:.2g} on {held['batches']} held-out "
-                f"batches (budget {auto['budget']['max_output_error']:g}{'' if auto['budget']['met'] else ', missed'})")
+    budget = auto["budget"]
+    estimate = (f"{budget['metric']} {held['mean']:.3g} +- {held['standard_error']:.2g} on {held['batches']} "
+                f"held-out batches (budget {budget['max']:g}{'' if budget['met'] else ', missed'})")
     floats = auto["float_layers"]
     if not floats:
         return "int8", estimate

@@ -73,7 +73,7 @@ def test_the_layer_reading_an_outlier_channel_stays_float_and_the_estimate_is_he
     # 12 batches: every 4th (3) held back from calibration and scored; the choice meets the budget there
     held = auto["held_out"]
     assert (held["batches"], held["of"], held["unseen"]) == (3, 12, True)
-    assert auto["budget"]["met"] and held["mean"] + 2 * held["standard_error"] <= auto["budget"]["max_output_error"]
+    assert auto["budget"]["met"] and held["mean"] + 2 * held["standard_error"] <= auto["budget"]["max"]
     assert math.isfinite(held["standard_error"]) and held["standard_error"] > 0
     first, chosen = auto["candidates"][0], auto["candidates"][-1]
     assert first["float_for_accuracy"] == 0 and chosen["float_for_accuracy"] == 1
@@ -143,3 +143,26 @@ def test_without_a_candidate_in_budget_the_fewest_float_layers_near_the_best_win
               ({1: "a", 2: "b"}, estimate(0.081, 0.013)), ({1: "a", 2: "b", 3: "c"}, estimate(0.070, 0.015))]
     keep, chosen = decide.fewest_near_best(scored)
     assert keep == {1: "a", 2: "b"} and chosen.mean == 0.081  # 0.081 <= 0.070 + 2 x 0.015; 0.22 is not
+
+
+def test_distribution_outputs_are_scored_by_their_top_class():
+    """Softmax-like outputs (never negative, summing to 1 over the last axis) score the share of positions whose
+    top class changed; any other output its relative L2 error; a batch scores its worst output."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 50, 7))
+    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    assert decide.is_distribution(probs)
+    assert not decide.is_distribution(logits) and not decide.is_distribution(probs[..., :1])
+    assert not decide.is_distribution(probs * 0.9)  # sums to 0.9: not a distribution
+    flipped = probs.copy()
+    top = probs.argmax(-1)
+    flipped[0, :10] = np.roll(probs[0, :10], 1, axis=-1)  # 10 of 100 positions get another top class
+    changed = int(np.sum(flipped.argmax(-1) != top))
+    assert changed == 10
+    assert decide.decision_error([flipped], [probs]) == pytest.approx(changed / 100)
+    assert decide.decision_error([probs * 1.01], [probs]) == 0.0  # same top class everywhere: no change
+    features = rng.normal(size=(4, 8))
+    noisy = features + 0.1 * rng.normal(size=features.shape)
+    l2 = np.linalg.norm(noisy - features) / np.linalg.norm(features)
+    assert decide.decision_error([noisy], [features]) == pytest.approx(l2)
+    assert decide.decision_error([noisy, flipped], [features, probs]) == pytest.approx(max(l2, 0.1))

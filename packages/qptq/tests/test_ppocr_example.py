@@ -29,7 +29,7 @@ def test_every_model_gets_auto_and_a_float_decision_uses_the_float_file(example,
                    "auto": {"model": "float", "why": "onnxruntime: int8 cannot be faster than float"}}
     some_float = {"algo": "auto", "deploy_backend": "onnxruntime", "auto": {
         "held_out": {"mean": 0.01, "standard_error": 0.001, "batches": 5, "of": 20, "unseen": True},
-        "budget": {"max_output_error": 0.05, "met": True},
+        "budget": {"metric": "top-1 changed", "max": 0.01, "met": True},
         "float_layers": {"3 depthwise_conv2d a": "onnxruntime: slower in int8", "7 conv2d b": "accuracy: ..."}}}
 
     def quantize_model(model, batches, runtime, out, **options):
@@ -42,7 +42,8 @@ def test_every_model_gets_auto_and_a_float_decision_uses_the_float_file(example,
     assert files["cls"] == example.float_onnx("cls") and files["rec"] == tmp_path / "rec" / "inference.onnx"
     assert decisions["cls"] == ("float", "onnxruntime: int8 cannot be faster than float")
     result, why = decisions["rec"]
-    assert result == "int8, 2 layers float" and why.startswith("1 for speed, 1 for accuracy; output error 0.01")
+    assert result == "int8, 2 layers float" and why.startswith(
+        "1 for speed, 1 for accuracy; top-1 changed 0.01 +- 0.001 on 5 held-out batches (budget 0.01)")
 
 
 def test_the_example_holds_no_table_of_model_names(example):

@@ -14,9 +14,10 @@ error of each layer and the target runtime's cost rules (data in its module unde
    spread is reported beside it. Layers are ranked by it.
 3. **How many stay float.** Every :data:`HOLD_EVERY`-th calibration batch is held back from calibration. Candidates
    keep float the layers whose channel error stands out from the model's median layer's by each factor of
-   :data:`STAND_OUT`; each candidate is the model the run would save, scored on the held-back batches by its output
-   error against float, per batch. The first (fewest float layers) whose mean plus :data:`MARGIN_SE` standard
-   errors is within the budget is chosen; when none is, the one with the fewest float layers among those the
+   :data:`STAND_OUT`; each candidate is the model the run would save, scored on the held-back batches against
+   float, per batch (:func:`decision_error`: top class changes of distribution outputs, relative L2 of others).
+   The first (fewest float layers) whose mean plus :data:`MARGIN_SE` standard errors is within the budget is
+   chosen; when none is, the one with the fewest float layers among those the
    held-back batches cannot tell from the best (:func:`fewest_near_best`). The report gives the estimate and its
    standard error on batches the thresholds never saw.
 """
@@ -56,6 +57,9 @@ STAND_OUT = (16.0, 8.0, 4.0, 2.0)
 MAX_FLOAT_SHARE = 0.5
 #: The default budget: relative L2 error of the model's outputs against float, on the held-back batches.
 DEFAULT_OUTPUT_ERROR = 0.05
+#: The default budget for outputs that are distributions over their last axis (:func:`decision_error`): the
+#: share of positions whose top class differs from float's.
+DEFAULT_TOP1_CHANGED = 0.01
 #: A candidate is within budget when its held-back mean error plus this many standard errors is.
 MARGIN_SE = 2.0
 
@@ -78,6 +82,28 @@ class HeldOut:
 
     batches: list[dict[str, np.ndarray]] = field(default_factory=list)
     seen: int = 0
+
+
+def is_distribution(reference: np.ndarray) -> bool:
+    """Whether float's output is a distribution over its last axis at every position (softmax-like: never
+    negative, sums to 1): then what a reader takes from it is its top class."""
+    if reference.ndim < 2 or reference.shape[-1] < 2 or reference.min() < 0:
+        return False
+    return bool(np.allclose(reference.sum(axis=-1, dtype=np.float64), 1.0, atol=1e-3))
+
+
+def decision_error(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> float:
+    """A candidate's error against float on one batch, the worst over the outputs: for a distribution output
+    (:func:`is_distribution`) the share of positions whose top class changed, for any other the relative L2
+    error. Relative L2 of a per-position distribution is dominated by the confident positions and ranked
+    candidates unlike the task's metric (a CTC text recognizer: the candidate with the lower L2 lost more lines)."""
+    worst = 0.0
+    for o, r in zip(outputs, reference):
+        if is_distribution(r):
+            worst = max(worst, float(np.mean(o.argmax(axis=-1) != r.argmax(axis=-1))))
+        else:
+            worst = max(worst, output_error([o], [r]))
+    return worst
 
 
 def split_data(data: DataConfig, model: Any, held: HeldOut) -> DataConfig:
@@ -227,7 +253,7 @@ class Estimate:
 
 
 def choose_float(graph: Graph, targets: Targets, errors: dict[int, LayerError], speed: dict[int, str],
-                 held: HeldOut, fallback: list[dict[str, np.ndarray]], budget: float,
+                 held: HeldOut, fallback: list[dict[str, np.ndarray]],
                  candidate: Callable[[dict[int, str]], Graph]) -> tuple[dict[int, str], dict[str, Any]]:
     """The layers kept float (speed and accuracy, with the reasons) and the report's ``auto`` section.
 
@@ -236,14 +262,19 @@ def choose_float(graph: Graph, targets: Targets, errors: dict[int, LayerError], 
     start = time.perf_counter()
     batches = held.batches or fallback
     references = [run_batches(graph, [b]) for b in batches]
+    top1 = any(is_distribution(r) for r in references[0])
+    budget = DEFAULT_TOP1_CHANGED if top1 else DEFAULT_OUTPUT_ERROR
     tried: list[dict[str, Any]] = []
     chosen = None
     scored: list[tuple[dict[int, str], Estimate]] = []
     for float_set in candidate_sets(errors, set(speed)):
         keep = {**speed, **{i: accuracy_reason(errors[i]) for i in float_set}}
         model = candidate(keep)
-        estimate = Estimate.of([output_error(run_batches(model, [b]), r) for b, r in zip(batches, references)])
-        tried.append({"float_for_accuracy": len(float_set), **estimate.report()})
+        outputs = [run_batches(model, [b]) for b in batches]
+        estimate = Estimate.of([decision_error(o, r) for o, r in zip(outputs, references)])
+        tried.append({"float_for_accuracy": len(float_set), **estimate.report(),
+                      "output_error": round(output_error([a for o in outputs for a in o],
+                                                         [a for r in references for a in r]), 6)})
         scored.append((keep, estimate))
         if estimate.upper <= budget:
             chosen = (keep, estimate)
@@ -251,8 +282,8 @@ def choose_float(graph: Graph, targets: Targets, errors: dict[int, LayerError], 
     keep, estimate = chosen or fewest_near_best(scored)
     ops = targets.ops
     section = {
-        "budget": {"max_output_error": budget, "margin": f"mean + {MARGIN_SE:g} standard errors",
-                   "met": chosen is not None},
+        "budget": {"metric": "top-1 changed" if top1 else "relative L2 error", "max": budget,
+                   "margin": f"mean + {MARGIN_SE:g} standard errors", "met": chosen is not None},
         "held_out": {**estimate.report(), "batches": len(held.batches), "of": held.seen,
                      "unseen": bool(held.batches)},
         "candidates": tried,

@@ -211,8 +211,7 @@ class PostTrainingQuantization:
                                    per_channel=how.per_channel, keep_float=keep)
 
         fallback = [] if held.batches else list(islice(config.data.batches(self.model), BUDGET_BATCHES))
-        return decide.choose_float(graph, targets, errors, speed, held, fallback, decide.DEFAULT_OUTPUT_ERROR,
-                                   candidate)
+        return decide.choose_float(graph, targets, errors, speed, held, fallback, candidate)
 
     def save_quantized_model(
         self,

@@ -427,9 +427,9 @@ def auto_summary(auto: dict[str, Any]) -> str:
         return f"the model stays float: {auto['why']}"
     held = auto["held_out"]
     where = f"{held['batches']} held-out batches" if held["unseen"] else "calibration batches (none held out)"
-    return (f"{len(auto['float_layers'])} layers float; output error {held['mean']:.3g} +- "
-            f"{held['standard_error']:.2g} on {where} (budget {auto['budget']['max_output_error']:g}"
-            f"{'' if auto['budget']['met'] else ', not met'})")
+    budget = auto["budget"]
+    return (f"{len(auto['float_layers'])} layers float; {budget['metric']} {held['mean']:.3g} +- "
+            f"{held['standard_error']:.2g} on {where} (budget {budget['max']:g}{'' if budget['met'] else ', not met'})")
 
 
 def _print_weight_only(report: dict, float_bytes: int) -> None:
