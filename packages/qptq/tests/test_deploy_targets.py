@@ -191,8 +191,10 @@ def test_a_bad_overflow_fix_setting_is_refused_before_calibration(every_kind, tm
     assert not read and not (tmp_path / "out").exists()  # no sample read, nothing written
 
 
-def test_auto_and_adaround_outputs_deploy_as_simulated_on_every_cpu_backend(every_kind):
+def test_auto_and_adaround_outputs_deploy_as_simulated_on_every_cpu_backend(every_kind, monkeypatch):
     directory, x = every_kind
+    # the net is far below OpenVINO's whole-model cost rule, which would keep it float: this test is about int8
+    monkeypatch.setattr(OpenVinoTarget, "min_int8_work", None)
     float_out = load_model(directory / "float").run({"x": x})[0]
     for backend in ("openvino", None):
         name = f"layerwise_{backend}"
@@ -423,3 +425,17 @@ def test_a_quantized_lookup_table_runs_on_every_cpu_backend(tmp_path, family, ro
     for backend in backends:
         deployed = predict(files, {"ids": ids}, backend=backend)[0]
         np.testing.assert_allclose(deployed, simulated, atol=1e-6, err_msg=backend)
+
+
+@pytest.mark.parametrize("backend", ["openvino", "openvino-runtime"])
+def test_auto_keeps_a_model_too_small_to_gain_float_on_openvino(every_kind, backend):
+    """OpenVINO's whole-model cost rule (qcore.deploy.openvino.SMALL_MODEL): a net doing under 50 M multiply-adds
+    per sample is saved float under algo="auto", and the report says why."""
+    directory, x = every_kind
+    name = f"small_{backend}"
+    report = _quantize(directory, name, x, deploy_backend=backend, algo="auto")
+    auto = report["auto"]
+    assert auto["model"] == "float" and auto["macs_per_sample"] < 50_000_000
+    assert auto["why"].startswith(f"{backend}: int8 cannot be faster than float")
+    simulated = load_model(find_model_files(directory / name).directory).run({"x": x})[0]
+    np.testing.assert_allclose(simulated, load_model(directory / "float").run({"x": x})[0], rtol=1e-4, atol=1e-5)

@@ -199,7 +199,7 @@ def speed_float(deployment: Deployment, targets: Sequence[OpTarget], errors: dic
     macs = sum(e.macs for e in errors.values())
     whole = deployment.target.model_speed_problem(macs) if errors else None
     if whole is not None:
-        return whole, {i: whole for i, t in enumerate(targets) if t.weight is not None}
+        return whole, {i: whole for i in range(len(targets))}  # pools and joins too: nothing int8
     slow = {}
     for i, e in errors.items():
         reason = deployment.target.speed_problem(targets[i].op.seed_type, e.outputs)

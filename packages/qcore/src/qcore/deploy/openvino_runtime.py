@@ -48,7 +48,7 @@ from ..errors import ConfigError
 from . import host
 from .base import ModelRules, OpTarget, OutputReaderRules
 from .onnx_runtimes import ONNX_INT8_OPS, OnnxPredictor, OnnxTarget
-from .openvino import OPENVINO_ATTENTION, excited_readers
+from .openvino import OPENVINO_ATTENTION, SMALL_MODEL, excited_readers
 
 if TYPE_CHECKING:
     from ..graph import Graph
@@ -96,6 +96,7 @@ class OpenVinoRuntimeTarget(OnnxTarget):
     int8_ops = ONNX_INT8_OPS | {"conv2d_transpose"}
     activation_matmuls = OPENVINO_ATTENTION
     float_dequant_weights = frozenset({"conv2d_transpose"})
+    min_int8_work = SMALL_MODEL  # measured on both OpenVINO targets (:mod:`qcore.deploy.openvino`)
 
     def plan(self, graph: Graph, targets: list[OpTarget], skip_patterns: Iterable[str] = (), *,
              residual_add: bool = True, calibrated: bool = True) -> tuple[list[OpTarget], set[str]]:
