@@ -37,6 +37,7 @@ def test_every_model_gets_auto_and_a_float_decision_uses_the_float_file(example,
         return out / "inference.onnx", whole_float if "cls" in model.name else some_float
 
     monkeypatch.setattr(example, "quantize_model", quantize_model)
+    monkeypatch.setattr(example, "package_dir", lambda name: tmp_path / name)  # no RapidOCR installed here
     files, decisions = example.quantize_ppocr({role: [] for role in example.MODELS}, "onnxruntime", tmp_path)
     assert all(options == {"algo": "auto"} for options in used.values()) and len(used) == 3
     assert files["cls"] == example.float_onnx("cls") and files["rec"] == tmp_path / "rec" / "inference.onnx"

@@ -18,8 +18,11 @@ error of each layer and the target runtime's cost rules (data in its module unde
    float, per batch (:func:`decision_error`: top class changes of distribution outputs, relative L2 of others).
    The first (fewest float layers) whose mean plus :data:`MARGIN_SE` standard errors is within the budget is
    chosen; when none is, the one with the fewest float layers among those the
-   held-back batches cannot tell from the best (:func:`fewest_near_best`). The report gives the estimate and its
-   standard error on batches the thresholds never saw.
+   held-back batches cannot tell from the best (:func:`fewest_near_best`). Under ``paddle.distributed`` each rank
+   holds back every :data:`HOLD_EVERY`-th of its own batches and all ranks score on all of them, in rank order:
+   the same model as one process on the union when every rank's batch count is a multiple of
+   :data:`HOLD_EVERY` (the same batches are held back then), otherwise a model of its own, the same on every
+   rank. The report gives the estimate and its standard error on batches the thresholds never saw.
 """
 
 from __future__ import annotations

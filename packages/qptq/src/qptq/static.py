@@ -25,7 +25,7 @@ from itertools import islice
 from typing import Any
 
 from qcore.deploy import Targets
-from qcore.distributed import on_rank0
+from qcore.distributed import active, all_gather, on_rank0
 from qcore.graph import Graph, open_graph
 from qcore.model_io import ModelFiles, check_model_output
 from qcore.outputs import write_bytes
@@ -174,6 +174,9 @@ class PostTrainingQuantization:
             plan.rounded = adaround_targets(graph, targets.ops, calibration.activation_samples, deployment,
                                             per_channel=how.per_channel)
         auto_report = None
+        if decides and active(config.calibration.distributed):  # every rank scores on every rank's, in rank order
+            held.batches = [b for part in all_gather(held.batches, "held-back batches") for b in part]
+            held.seen = sum(all_gather(held.seen, "held-back batch counts"))
         if decides:
             plan.keep_float, auto_report = self._decide(graph, targets, plan, calibration, held)
         calibration.activation_samples.clear()
