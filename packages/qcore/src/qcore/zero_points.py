@@ -14,7 +14,8 @@ Three forms of one pair, all computing the simulation where they are read:
 * **saved**: the shifts, and the pair reading the zero parameter :data:`ZERO` as its ``ZeroPoint``
   (Paddle's op requires one), its own parked in :data:`PARKED_ATTR` (that parameter stays in the
   params file). Paddle's executor and a plain ``paddle.inference.Config`` run the shifts; OpenVINO
-  reading the file itself sees zero point 0 and runs them too (correct, those layers slower). Saved
+  reading the file itself sees zero point 0 and runs them too (correct; its convs stayed int8, signed
+  with a compensation term instead of unsigned, measured on a tiny net). Saved
   with both, OpenVINO applied the offset twice (measured: 4.8x the output's norm off);
 * **for the runtime** (:func:`runtime_program`, what qcore's OpenVINO predictors read): ``ZeroPoint``
   back, the shifts folded into it.
