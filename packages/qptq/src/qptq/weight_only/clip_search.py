@@ -30,7 +30,8 @@ def group_errors(weight: NDArray[np.float64], hessian: NDArray[np.float64], grid
     g = weight.reshape(groups, size, n)
     step, zero = group_grid(g, grid, ratio)
     zero3 = None if zero is None else zero[:, None, :]
-    d = g - decode(encode(g, step[:, None, :], zero3, grid), step[:, None, :], zero3, grid)
+    codes = encode(g, step[:, None, :], zero3, grid)
+    d = np.subtract(g, decode(codes, step[:, None, :], zero3, grid, out=codes), out=codes)
     blocks = np.stack([hessian[i * size:(i + 1) * size, i * size:(i + 1) * size] for i in range(groups)])
     return np.sum(d * np.matmul(blocks, d), axis=1)
 

@@ -17,7 +17,7 @@ from .awq import search_scales
 from .clip_search import search_clip
 from .config import WeightOnlyConfig, layer_group
 from .gptq import gptq
-from .hessian import output_error
+from .hessian import output_error, output_errors
 
 
 @dataclass
@@ -107,8 +107,8 @@ class WeightPlan:
         """The layer output error relative to its output on the calibration inputs (None without them)."""
         if self.hessian is None:
             return None
-        w = self.weight
-        return float(np.sqrt(self.output_error() / output_error(w, self.hessian)))
+        change, output = output_errors([self.effective.astype(np.float64) - self.weight, self.weight], self.hessian)
+        return float(np.sqrt(change / output))
 
 
 def promoted(plans: Mapping[str, WeightPlan], config: WeightOnlyConfig) -> list[str]:
