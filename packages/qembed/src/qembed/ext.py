@@ -59,7 +59,7 @@ def shipped_paddle() -> str | None:
     return json.loads(MANIFEST.read_text(encoding="utf-8"))["paddle"]
 
 
-def _shipped() -> Path | None:
+def shipped() -> Path | None:
     """The shipped library if it is built for the installed Paddle (warns once when it is not)."""
     import paddle
 
@@ -124,7 +124,7 @@ def load() -> bool:
     global _registered
     if _registered is not None:
         return True
-    path = _shipped() or library_path()
+    path = shipped() or library_path()
     if not path.is_file():
         return False
     from paddle.utils.cpp_extension.extension_utils import load_op_meta_info_and_register_op

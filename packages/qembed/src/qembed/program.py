@@ -227,7 +227,7 @@ def _calibration_counts(graph: Graph, name: str, ops: list[OpRef], whole_table: 
 
 
 def _fused_op(fused_lookup: bool | str) -> str | None:
-    """The op type lookups are fused into (``fused_lookup``: True needs it built, "auto" takes it if built)."""
+    """The op type lookups are fused into (``fused_lookup``: True requires the op, "auto" takes it where it loads)."""
     if fused_lookup is True:
         ext.require()
     return ext.OP_TYPE if fused_lookup and ext.load() else None
