@@ -4,6 +4,11 @@ the fallback where the op is not available."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import paddle
 import pytest
@@ -53,21 +58,6 @@ class Rows(paddle.nn.Layer):
 def _dynamic_afterwards():
     yield
     paddle.disable_static()
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """The op registered in this process: the shipped library where this install has one for this Paddle, else
-    this machine's build in a fresh cache directory."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(ext.DIR_ENV, str(tmp_path_factory.mktemp("ext")))
-        if ext.loaded() is None and ext.shipped() is None:
-            if ext.compiler() is None:
-                pytest.skip("no C++ compiler and no shipped library: the fused lookup is not available here (the "
-                            "fallback tests still run)")
-            ext.build()
-        assert ext.load()
-        yield ext.loaded()
 
 
 def hide_the_op(monkeypatch: pytest.MonkeyPatch, directory) -> None:
@@ -198,19 +188,14 @@ def op_outputs() -> dict[str, np.ndarray]:
     return outputs
 
 
-def test_every_code_path_gives_the_same_bits(built, tmp_path):
+def test_every_code_path_gives_the_same_bits(built: Path, tmp_path):
     """QEMBED_ISA forces each code path this CPU runs, in a process of its own (a process chooses once)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     here = op_outputs()
     paths = ("avx512", "avx2", "x86-64")
     for isa in paths[paths.index(str(here["isa"])):]:
         script = ("import sys, numpy as np; sys.path.insert(0, sys.argv[1]); from qembed import ext; ext.require(); "
                   "import test_fused_lookup as t; np.savez(sys.argv[2], **t.op_outputs())")
-        env = {**os.environ, "QEMBED_ISA": isa}
+        env = {**os.environ, "QEMBED_ISA": isa, ext.DIR_ENV: str(built.parent)}  # (the shipped one is preferred)
         subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path / isa)], env=env,
                        check=True)
         there = dict(np.load(tmp_path / f"{isa}.npz"))
@@ -218,7 +203,7 @@ def test_every_code_path_gives_the_same_bits(built, tmp_path):
         for name, values in there.items():
             assert values.tobytes() == here[name].tobytes(), (isa, name)
     script = "from qembed import ext; print(ext.isa())"
-    told = subprocess.run([sys.executable, "-c", script], env={**os.environ, "QEMBED_ISA": "sse9"}, check=True,
+    told = subprocess.run([sys.executable, "-c", script], env={**env, "QEMBED_ISA": "sse9"}, check=True,
                           capture_output=True, text=True).stdout
     assert told == "QEMBED_ISA=sse9 is not one of avx512, avx2, x86-64\n"
 
