@@ -15,9 +15,10 @@ Flat per-table keys also act as defaults for every op type, so both forms mix. `
 ids passed to ``quant_embedding`` at ``mixed_bits[0]`` bits and the others at ``mixed_bits[1]`` (:mod:`qembed.mixed`).
 ``fused_lookup`` (False, True or "auto") is ours too: read the tables with the compiled ``qembed_lookup``
 op (:mod:`qembed.ext`) instead of the op sequence; the default "auto" does where the op loads (the Linux x86-64
-wheel ships it; elsewhere ``python -m qembed.build_ext`` builds it), PaddleSlim (no such op) is False. ``weights`` (ours) also stores
-the model's other weights weight-only (``{"weights": {"weight_bits": 8}}``: every fc / matmul / conv / gru
-weight as int8 per output channel, ``quant_post_dynamic``'s keys and meaning) in the same call.
+wheel ships it; elsewhere ``python -m qembed.build_ext`` builds it); PaddleSlim (no such op) behaves as False.
+``weights`` (ours) also stores the model's other weights weight-only (``{"weights": {"weight_bits": 8}}``:
+every fc / matmul / conv / gru weight as int8 per output channel, ``quant_post_dynamic``'s keys and meaning) in
+the same call.
 """
 
 from __future__ import annotations
