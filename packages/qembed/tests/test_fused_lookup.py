@@ -287,7 +287,8 @@ def test_the_shipped_library_is_refused_under_another_paddle(tmp_path, monkeypat
     ext.MANIFEST.write_text('{"paddle": "3.0.0"}')
     with pytest.warns(UserWarning, match=f"built for Paddle 3.0.0, not the installed {paddle.__version__}"):
         assert not ext.load()
-    with pytest.raises(ConfigError, match=r"^[^\n]*Paddle 3.0.0.*pip install paddlepaddle==3.0.0 .*build_ext"):
+    with pytest.raises(ConfigError, match=r"^[^\n]*Paddle 3.0.0.*pip install paddlepaddle==3.0.0 .*build_ext"), \
+            pytest.warns(UserWarning):
         ext.require()
 
 
