@@ -19,9 +19,12 @@ from types import ModuleType
 from typing import Any, Optional
 
 from setuptools import build_meta
-from setuptools.build_meta import (  # noqa: F401  (hooks used as setuptools has them)
+from setuptools.build_meta import (  # noqa: F401  (hooks used as setuptools has them: sdist, editable installs)
+    build_editable,
     build_sdist,
+    get_requires_for_build_editable,
     get_requires_for_build_sdist,
+    prepare_metadata_for_build_editable,
     prepare_metadata_for_build_wheel,
 )
 
