@@ -2,7 +2,7 @@
 holding only that package and what it declares (proof that each installs on its own), the
 built wheels installed into an empty venv (``wheels``), lint and the strict docs build.
 ``nox -s demo`` quantizes the bundled demo model; ``nox -s build`` writes every wheel and sdist
-to ``dist/``."""
+to ``dist/``, and the embedding package's Linux x86-64 wheel holding its compiled op."""
 
 from __future__ import annotations
 
@@ -112,7 +112,9 @@ def release_problems() -> list[str]:
 
 
 def _build(session: nox.Session, out: Path) -> list[Path]:
-    """Every package's sdist, and its wheel built from that sdist (so each sdist is proved self-contained)."""
+    """Every package's sdist, and its wheel built from that sdist (so each sdist is proved self-contained); from the
+    embedding package's sdist also its platform wheel, which holds the compiled ``qembed_lookup`` for the Paddle its
+    ``[fused]`` extra pins (``packages/qembed/wheel_backend.py``; needs a C++17 compiler, Linux x86-64)."""
     problems = release_problems()
     if problems:
         session.error(f"these differ from VERSION ({_version()}); set them to it:\n  " + "\n  ".join(problems))
@@ -121,6 +123,9 @@ def _build(session: nox.Session, out: Path) -> list[Path]:
         stale.unlink()
     for name in PACKAGES:
         session.run("uv", "build", "--quiet", "--out-dir", str(out), f"packages/{name}", external=True)
+    embed_sdist = out / f"{_project('qembed')['name'].replace('-', '_')}-{_version()}.tar.gz"
+    session.run("uv", "build", "--quiet", "--wheel", "--config-setting", "ship-op=true", "--out-dir", str(out),
+                str(embed_sdist), external=True)
     return sorted(out.glob("paddle_quant_*"))
 
 
@@ -133,14 +138,21 @@ def build(session: nox.Session) -> None:
 
 @nox.session(reuse_venv=False)
 def wheels(session: nox.Session) -> None:
-    """Build every package, install the embedding package and the core it pins from those wheels into a new venv
-    (nothing else of ours; Paddle and numpy from the index, once) and quantize with it (tests/test_wheels.py)."""
-    dist = Path(session.create_tmp()) / "dist"
+    """Build every package, install the embedding package (its platform wheel, with the compiled op) and the core it
+    pins from those wheels into a new venv (nothing else of ours; Paddle and numpy from the index, once) and
+    quantize and serve fused models with it where no compiler is on the PATH (tests/test_wheels.py); then, with the
+    demo package's wheel added (the tests' models), qembed's fused-lookup tests, still without a compiler."""
+    tmp = Path(session.create_tmp())
+    dist = tmp / "dist"
     _build(session, dist)
-    embed, core = _project("qembed")["name"], _project("qcore")["name"]  # core comes as embed's pinned dependency
+    embed, core, demo = (_project(n)["name"] for n in ("qembed", "qcore", "qdemo"))  # core: embed's pinned dependency
     session.install("--find-links", str(dist), f"--refresh-package={embed}", f"--refresh-package={core}", embed,
                     "pytest")
-    session.run(*PYTEST, "tests/test_wheels.py", *session.posargs)
+    no_compiler = {"PATH": session.bin, "CXX": str(tmp / "no-compiler" / "c++"),
+                   "QEMBED_EXT_DIR": str(tmp / "empty-cache")}  # a cache build would be found, never made, there
+    session.run(*PYTEST, "tests/test_wheels.py", *session.posargs, env=no_compiler)
+    session.install("--find-links", str(dist), f"--refresh-package={demo}", "--no-deps", demo)
+    session.run(*PYTEST, "packages/qembed/tests/test_fused_lookup.py", env=no_compiler)
 
 
 @nox.session(venv_backend="none")

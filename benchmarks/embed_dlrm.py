@@ -12,7 +12,8 @@ norms; ids are Zipf(1.1) ranks spread over the rows; the last layer is scaled so
 Variants, each quantized by one ``qembed.quant_embedding_model`` call: float; int8 tables + int8 MLPs (the
 config's ``weights`` key: every matmul weight weight-only int8); int4 tables; both also with float16 per-row scales
 and offsets (``scale_dtype``, where the issue's targets are checked); ``quantize_bits="auto"``; each
-also with the compiled lookup (``fused_lookup``) where ``python -m qembed.build_ext`` built it (``--fused``).
+also with the compiled lookup (``fused_lookup``) where it loads (the platform wheel's, or ``python -m
+qembed.build_ext``'s; ``--fused``); the others pin ``fused_lookup=False`` (the op sequence).
 Per variant: bytes on disk (x float), median latency at batch 1 / 64 / 512 in ``qcore.inference``'s predictor
 with oneDNN and without (2 threads; every variant's runs on both interleaved), as a ratio to the fastest float
 (on this model Paddle Inference runs float faster without oneDNN), the mean absolute difference of the
@@ -334,7 +335,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200, help="interleaved rounds, b=1 and 64 (512: a quarter)")
     parser.add_argument("--samples", type=int, default=8192, help="samples scored for CTR difference and AUC")
     parser.add_argument("--fused", choices=["auto", "on", "off"], default="auto",
-                        help="also each variant with the compiled lookup (auto: where qembed.build_ext built it)")
+                        help="also each variant with the compiled lookup (auto: where it loads)")
     parser.add_argument("--accuracy-only", action="store_true",
                         help="bytes, CTR MAD and AUC only (native backend, nothing timed, no fused variants)")
     parser.add_argument("--families", nargs="+", choices=["pir", "legacy"], default=["pir", "legacy"],

@@ -156,7 +156,8 @@ def paddle_sizes_and_deployed_wordsim(
             if variant is None:
                 quantized, expected = files, table[ids]
             else:
-                quantized, _ = quant_embedding_model(source, workdir / f"{fmt}-{name}", variant, **kwargs)
+                quantized, _ = quant_embedding_model(source, workdir / f"{fmt}-{name}",  # the op sequence, as
+                                                     {**variant, "fused_lookup": False}, **kwargs)  # measured
                 expected = choose(table, variant).table.rows(ids)
             deployed = predict(quantized, {"ids": ids})[0]
             lookup = {int(i): k for k, i in enumerate(ids)}

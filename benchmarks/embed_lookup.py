@@ -5,8 +5,9 @@ norms are log-normal (a few hot rows of large norm), looked up with Zipf(1.1)-di
 feature ids are, 32 samples x 20 ids per batch, mean-pooled (a bag of features). The model is
 ``ids -> embedding -> mean over the bag``, saved as a PIR program and as a legacy one, quantized by
 ``qembed.quant_embedding_model`` per scheme, each scheme also with the compiled lookup (``fused_lookup``: one
-``qembed_lookup`` op doing lookup, dequantization and the mean) where it is built (``python -m
-qembed.build_ext``; ``--fused on`` requires it, ``off`` leaves it out). Per model: the file size, the
+``qembed_lookup`` op doing lookup, dequantization and the mean) where it loads (the platform wheel's, or
+``python -m qembed.build_ext``'s; ``--fused on`` requires it, ``off`` leaves it out); the others pin
+``fused_lookup=False`` (the op sequence). Per model: the file size, the
 median latency of one batch in ``paddle.inference`` (qcore's default predictor: oneDNN, the int8 switch
 on), every model's runs interleaved with the float model's in one loop, and the pooled output's error
 against float over 100 Zipf batches (relative L2 and cosine).
@@ -37,17 +38,25 @@ SCHEMES = {  # name -> quant_embedding config; None: the float model
 }
 
 
-def with_fused(configs: dict[str, dict | None], fused: str) -> dict[str, dict | None]:
-    """``configs`` (name -> quant_embedding config, None: float), each quantized one also read by the compiled
-    lookup when ``fused`` is "on", or "auto" and it is built."""
+def fused_build() -> str:
+    """Which ``qembed_lookup`` library ran (the wheel's or this machine's build) and its code path."""
     from qembed import ext
 
+    return f"`{ext.loaded()}`, {ext.isa()} code path" if ext.loaded() else "not loaded"
+
+
+def with_fused(configs: dict[str, dict | None], fused: str) -> dict[str, dict | None]:
+    """``configs`` (name -> quant_embedding config, None: float) read by the op sequence, each quantized one also
+    by the compiled lookup when ``fused`` is "on", or "auto" and it loads."""
+    from qembed import ext
+
+    sequence = {name: None if config is None else {**config, "fused_lookup": False} for name, config in configs.items()}
     if fused == "on":
         ext.require()
     elif fused == "off" or not ext.load():
-        return dict(configs)
-    return {**configs, **{f"{name}, fused": {**config, "fused_lookup": True}
-                          for name, config in configs.items() if config is not None}}
+        return sequence
+    return {**sequence, **{f"{name}, fused": {**config, "fused_lookup": True}
+                           for name, config in configs.items() if config is not None}}
 
 
 def recommender_table(rows: int, rng: np.random.Generator) -> np.ndarray:
@@ -115,7 +124,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=2000, help="interleaved rounds (one run of every model)")
     parser.add_argument("--fused", choices=["auto", "on", "off"], default="auto",
-                        help="also the schemes with the compiled lookup (auto: if python -m qembed.build_ext built it)")
+                        help="also the schemes with the compiled lookup (auto: where it loads)")
     parser.add_argument("--onnx", default="onnxruntime,openvino-runtime",
                         help="also each scheme exported for these ONNX runtimes (comma list; empty: none)")
     args = parser.parse_args()
@@ -164,8 +173,8 @@ def main() -> None:
         "each model exported by `qcore.export.export_onnx(..., runtime=...)`, tables in that runtime's quantized "
         "form, interleaved with the float export on the same runtime, 2 threads, OpenVINO at its default "
         "precision). Error: pooled outputs against float "
-        f"over 100 Zipf batches. `, fused`: the compiled `qembed_lookup` op (built with -O3 -march=native on this "
-        f"machine) does lookup, dequantization and the mean in one op. Machine: {describe_cpu()}, Paddle "
+        f"over 100 Zipf batches. `, fused`: the compiled `qembed_lookup` op ({fused_build()}) does lookup, "
+        f"dequantization and the mean in one op. Machine: {describe_cpu()}, Paddle "
         f"{paddle.__version__}. Produced by `benchmarks/embed_lookup.py`.",
         "",
         "| IR | runtime | scheme | MiB on disk | x float | latency (ms) | x float lookup | output rel. L2 | "

@@ -32,7 +32,7 @@ def model(request, tmp_path_factory):
 
 def test_embed_model(model, tmp_path, capsys):
     directory, kwargs = model
-    argv = ["embed", str(directory), str(tmp_path / "q"), "--per-row", "auto", "--bits", "4"]
+    argv = ["embed", str(directory), str(tmp_path / "q"), "--per-row", "auto", "--bits", "4", "--fused-lookup", "off"]
     if kwargs["model_filename"]:
         argv += ["--model-filename", kwargs["model_filename"]]
     assert main(argv) == 0
@@ -79,30 +79,33 @@ def test_embed_model_config_file_and_bad_input(model, tmp_path, capsys):
     assert re.search(r"\| abs_max int4 packed.* \(auto: int2 0\.\d+, int4 0\.\d+\) \| per-row \|",
                      capsys.readouterr().out)
     assert main(["embed", str(directory), str(tmp_path / "q4"), "--per-row", "on", "--scale-dtype", "float16",
-                 *extra]) == 0
+                 "--fused-lookup", "off", *extra]) == 0
     assert "| abs_max int8 | per-row float16 | op sequence |" in capsys.readouterr().out
 
 
 def test_embed_fused_lookup(model, tmp_path, capsys, monkeypatch):
-    """--fused-lookup on: the compiled op where it is built, else one error line saying how to build it."""
+    """--fused-lookup on: the compiled op where it loads, else one error line saying what to install."""
     from qembed import ext
 
     directory, kwargs = model
     argv = ["embed", str(directory), str(tmp_path / "q"), "--per-row", "on", "--fused-lookup", "on"]
     argv += ["--model-filename", kwargs["model_filename"]] if kwargs["model_filename"] else []
-    with monkeypatch.context() as mp:  # a machine without the build (a registered op cannot be unloaded)
+    with monkeypatch.context() as mp:  # a machine without the op (a registered op cannot be unloaded)
         mp.setenv(ext.DIR_ENV, str(tmp_path / "ext"))
+        mp.setattr(ext, "SHIPPED", tmp_path / "no-wheel" / ext.SHIPPED.name)
         mp.setattr(ext, "_registered", None)
         assert main(argv) == 3
-    assert "not built for this machine; run `python -m qembed.build_ext`" in capsys.readouterr().err
+    assert "not available here; pip install paddle-quant-embed" in capsys.readouterr().err
     assert not (tmp_path / "q").exists()
-    if ext.compiler() is None:
-        pytest.skip("no C++ compiler: the fused lookup cannot be built here")
-    monkeypatch.setenv(ext.DIR_ENV, str(tmp_path / "ext"))
-    ext.build()
+    if ext.loaded() is None and ext.shipped() is None:
+        if ext.compiler() is None:
+            pytest.skip("no C++ compiler and no shipped library: the fused lookup is not available here")
+        monkeypatch.setenv(ext.DIR_ENV, str(tmp_path / "ext"))
+        ext.build()
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "| per-row | fused (qembed_lookup) |" in out and "run `python -m qembed.build_ext` on every machine" in out
+    assert "| per-row | fused (qembed_lookup) |" in out and "every machine that serves it needs it: pip install " \
+                                                           "paddle-quant-embed" in out
     ids = np.arange(12, dtype=np.int64).reshape(2, 6)
     files = find_model_files(tmp_path / "q", kwargs["model_filename"])
     assert predict(files, {"ids": ids})[0].shape == (2, 4)

@@ -6,6 +6,7 @@ import pytest
 from qembed_programs import build_static_program, saved_param_files
 
 from qdemo.testing import EMBEDDING_INPUT_SPEC, FORMATS, TinyEmbeddingNet, save_tiny_net
+from qembed import ext
 
 VOCAB, DIM = 2000, 32
 
@@ -49,3 +50,18 @@ def static_program():
 def save_params():
     """:func:`qembed_programs.saved_param_files`, for tests."""
     return saved_param_files
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The op registered in this process: the shipped library where this install has one for this Paddle, else
+    this machine's build in a fresh cache directory."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ext.DIR_ENV, str(tmp_path_factory.mktemp("ext")))
+        if ext.loaded() is None and ext.shipped() is None:
+            if ext.compiler() is None:
+                pytest.skip("no C++ compiler and no shipped library: the fused lookup is not available here (the "
+                            "fallback tests still run)")
+            ext.build()
+        assert ext.load()
+        yield ext.loaded()

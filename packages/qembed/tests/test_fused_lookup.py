@@ -1,7 +1,13 @@
-"""The compiled lookup (qembed.ext): built where a compiler is, equal bit for bit to the op sequence and to
-the numpy rows in both IRs, pooled forms, and the fallback when it is not built."""
+"""The compiled lookup (qembed.ext): the shipped library (a platform wheel's) or this machine's build, equal bit for
+bit to the op sequence and to the numpy rows in both IRs, pooled forms, every code path giving the same bits, and
+the fallback where the op is not available."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import paddle
@@ -54,23 +60,19 @@ def _dynamic_afterwards():
     paddle.disable_static()
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """This machine's build of the op, in a fresh cache directory."""
-    if ext.compiler() is None:
-        pytest.skip("no C++ compiler: the fused lookup cannot be built here (the fallback tests still run)")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(ext.DIR_ENV, str(tmp_path_factory.mktemp("ext")))
-        path = ext.build()
-        assert ext.load()
-        yield path
+def hide_the_op(monkeypatch: pytest.MonkeyPatch, directory) -> None:
+    """Act as a machine with neither the shipped library nor a build (a registered op stays registered in this
+    process: it cannot be unloaded)."""
+    monkeypatch.setenv(ext.DIR_ENV, str(directory))
+    monkeypatch.setattr(ext, "SHIPPED", directory / "lib" / ext.SHIPPED.name)
+    monkeypatch.setattr(ext, "MANIFEST", directory / "lib" / ext.MANIFEST.name)
+    monkeypatch.setattr(ext, "_registered", None)
 
 
 @pytest.fixture
 def not_built(tmp_path, monkeypatch):
-    """A machine without the build (the op may stay registered in this process: it cannot be unloaded)."""
-    monkeypatch.setenv(ext.DIR_ENV, str(tmp_path / "empty"))
-    monkeypatch.setattr(ext, "_registered", None)
+    """A machine without the op."""
+    hide_the_op(monkeypatch, tmp_path / "empty")
 
 
 @pytest.fixture(scope="module")
@@ -101,18 +103,32 @@ def rows_model(request, table, tmp_path_factory):
     return directory, save_tiny_net(net, directory, request.param, spec)
 
 
-def test_build_is_cached_per_machine_and_atomic(built):
-    assert built.is_file() and built.parent == ext.cache_dir() and ext.library_path() == built
+def test_build_is_cached_per_machine_and_atomic(tmp_path, monkeypatch):
+    if ext.compiler() is None:
+        pytest.skip("no C++ compiler")
+    monkeypatch.setenv(ext.DIR_ENV, str(tmp_path))
+    built = ext.build()
+    assert built.is_file() and built.parent == tmp_path and ext.library_path() == built
     stamp = built.stat().st_mtime_ns
     assert ext.build() == built and built.stat().st_mtime_ns == stamp  # built once
     assert not [p for p in built.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_op_runs_the_widest_code_path_this_cpu_has(built):
+    from qcore.deploy.host import cpu_flags
+
+    flags = set(cpu_flags() or ())
+    widest = ("avx512" if {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags else
+              "avx2" if "avx2" in flags else "x86-64")
+    assert ext.isa() == widest
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_fused_equals_the_op_sequence_and_the_numpy_rows(built, rows_model, ids, tmp_path, scheme):
     directory, kwargs = rows_model
     config = SCHEMES[scheme]
-    seq_files, (seq,) = quant_embedding_model(directory, tmp_path / "seq", config, **kwargs)
+    seq_files, (seq,) = quant_embedding_model(directory, tmp_path / "seq", {**config, "fused_lookup": False},
+                                              **kwargs)
     files, (report,) = quant_embedding_model(directory, tmp_path / "fused", {**config, "fused_lookup": True},
                                              **kwargs)
     assert (seq.lookup, report.lookup) == (OP_SEQUENCE, FUSED)
@@ -145,6 +161,51 @@ def _op_inputs(q, bits: int) -> list:
     lut = byte_values(bits, values.astype(np.float32))
     return [paddle.to_tensor(pack_codes(q.codes, bits)), paddle.to_tensor(scale), offset, paddle.to_tensor(lut),
             lut.shape[1]]
+
+
+# (bits, per_row, asymmetric, scale_dtype): every branch of the kernel (one scale, per row, offsets, packed)
+FORMS = [(8, False, False, "float32"), (8, True, False, "float32"), (4, True, False, "float32"),
+         (4, True, True, "float32"), (2, True, True, "float32"), (8, True, False, "float16"),
+         (4, True, True, "float16"), (2, True, True, "float16")]
+POOLINGS = ("none", "sum", "mean", "sqrt_mean")
+
+
+def op_outputs() -> dict[str, np.ndarray]:
+    """The loaded op's output for every form and pooling on a table whose rows are wider than an AVX-512 register
+    and not a multiple of one (vector loops and their tails), and the code path that computed them."""
+    paddle.disable_static()
+    rng = np.random.default_rng(5)
+    table = (rng.normal(0, 0.1, (64, 71)) * rng.lognormal(0, 1, (64, 1))).astype(np.float32)
+    ids = rng.integers(0, 64, (9, 11)).astype(np.int64)
+    outputs = {"isa": np.array(ext.isa())}
+    for bits, per_row, asymmetric, scale_dtype in FORMS:
+        q = choose_table_quantization(table, "abs_max", bits, per_row, None, asymmetric, scale_dtype=scale_dtype).table
+        codes, scale, offset, values, packed = _op_inputs(q, bits)
+        for pooling in POOLINGS:
+            (got,) = paddle._C_ops._run_custom_op(ext.OP_TYPE, paddle.to_tensor(ids), codes, scale, offset, values,
+                                                  table.shape[1], packed, pooling, 0)
+            outputs[f"int{bits} per_row={per_row} offsets={asymmetric} {scale_dtype} {pooling}"] = got.numpy()
+    return outputs
+
+
+def test_every_code_path_gives_the_same_bits(built: Path, tmp_path):
+    """QEMBED_ISA forces each code path this CPU runs, in a process of its own (a process chooses once)."""
+    here = op_outputs()
+    paths = ("avx512", "avx2", "x86-64")
+    for isa in paths[paths.index(str(here["isa"])):]:
+        script = ("import sys, numpy as np; sys.path.insert(0, sys.argv[1]); from qembed import ext; ext.require(); "
+                  "import test_fused_lookup as t; np.savez(sys.argv[2], **t.op_outputs())")
+        env = {**os.environ, "QEMBED_ISA": isa, ext.DIR_ENV: str(built.parent)}  # (the shipped one is preferred)
+        subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path / isa)], env=env,
+                       check=True)
+        there = dict(np.load(tmp_path / f"{isa}.npz"))
+        assert str(there.pop("isa")) == isa and there.keys() == {k for k in here if k != "isa"}
+        for name, values in there.items():
+            assert values.tobytes() == here[name].tobytes(), (isa, name)
+    script = "from qembed import ext; print(ext.isa())"
+    told = subprocess.run([sys.executable, "-c", script], env={**env, "QEMBED_ISA": "sse9"}, check=True,
+                          capture_output=True, text=True).stdout
+    assert told == "QEMBED_ISA=sse9 is not one of avx512, avx2, x86-64\n"
 
 
 @pytest.mark.parametrize("pooling", ["sum", "mean", "sqrt_mean"])
@@ -193,8 +254,7 @@ def test_bad_ids_and_pooling_are_refused_in_one_line(built, table):
 # ---- without the extension: the op sequence, and a clear error where it is required -----------------------
 def test_auto_falls_back_to_the_op_sequence_when_not_built(not_built, rows_model, ids, tmp_path):
     directory, kwargs = rows_model
-    files, (report,) = quant_embedding_model(directory, tmp_path / "q", {"per_row": True, "fused_lookup": "auto"},
-                                             **kwargs)
+    files, (report,) = quant_embedding_model(directory, tmp_path / "q", {"per_row": True}, **kwargs)  # auto
     assert report.lookup == OP_SEQUENCE and b"qembed_lookup" not in files.model_file.read_bytes()
     np.testing.assert_array_equal(predict(files, {"ids": ids})[0],
                                   np.where((ids == 0)[..., None], 0, report.choice.table.rows(ids)))
@@ -202,7 +262,8 @@ def test_auto_falls_back_to_the_op_sequence_when_not_built(not_built, rows_model
 
 def test_fused_lookup_true_without_the_build_says_how_to_build(not_built, rows_model, tmp_path):
     directory, kwargs = rows_model
-    with pytest.raises(ConfigError, match=r"not built for this machine; run `python -m qembed.build_ext`"):
+    with pytest.raises(ConfigError, match=r"^[^\n]*not available here; pip install paddle-quant-embed .* run "
+                                          r"`python -m qembed.build_ext`[^\n]*$"):
         quant_embedding_model(directory, tmp_path / "q", {"fused_lookup": True}, **kwargs)
     assert not (tmp_path / "q").exists()
 
@@ -210,15 +271,30 @@ def test_fused_lookup_true_without_the_build_says_how_to_build(not_built, rows_m
 def test_a_fused_model_without_the_build_says_how_to_build(built, rows_model, tmp_path, monkeypatch):
     directory, kwargs = rows_model
     files, _ = quant_embedding_model(directory, tmp_path / "q", {"fused_lookup": True}, **kwargs)
-    monkeypatch.setenv(ext.DIR_ENV, str(tmp_path / "elsewhere"))  # e.g. a server the op was not built on
-    monkeypatch.setattr(ext, "_registered", None)
-    with pytest.raises(ConfigError, match="python -m qembed.build_ext"):
-        predict(files, {"ids": np.ones((1, BAG), np.int64)})
+    hide_the_op(monkeypatch, tmp_path / "elsewhere")  # e.g. a server without the wheel or a build
+    for read in (lambda: predict(files, {"ids": np.ones((1, BAG), np.int64)}), lambda: load_model(files)):
+        with pytest.raises(ConfigError, match=r"^[^\n]*pip install paddle-quant-embed .*`python -m qembed.build_ext`"):
+            read()
+
+
+def test_the_shipped_library_is_refused_under_another_paddle(tmp_path, monkeypatch):
+    """A wheel's library built for another Paddle is not loaded: one line naming both versions and what to do."""
+    import paddle
+
+    hide_the_op(monkeypatch, tmp_path)
+    (tmp_path / "lib").mkdir()
+    ext.SHIPPED.write_bytes(b"not loaded")
+    ext.MANIFEST.write_text('{"paddle": "3.0.0"}')
+    with pytest.warns(UserWarning, match=f"built for Paddle 3.0.0, not the installed {paddle.__version__}"):
+        assert not ext.load()
+    with pytest.raises(ConfigError, match=r"^[^\n]*Paddle 3.0.0.*pip install paddlepaddle==3.0.0 .*build_ext"), \
+            pytest.warns(UserWarning):
+        ext.require()
 
 
 def test_no_compiler_is_one_clear_error(not_built, monkeypatch):
     monkeypatch.setenv("CXX", "/nonexistent/c++")
-    monkeypatch.setattr(ext.shutil, "which", lambda name: None)
+    monkeypatch.setattr(ext.cxx.shutil, "which", lambda name: None)
     with pytest.raises(Exception, match="no C\\+\\+ compiler found .* qembed keeps working without"):
         ext.build()
 
@@ -320,7 +396,6 @@ def test_a_fused_model_is_refused_by_the_onnx_export_in_one_line(built, rows_mod
     with pytest.raises(ExportError, match="custom op .*qembed_lookup.*fused_lookup=False"):
         export_onnx(files, tmp_path / "model.onnx")
     assert not (tmp_path / "model.onnx").exists()
-    monkeypatch.setenv(ext.DIR_ENV, str(tmp_path / "elsewhere"))  # a machine the op was not built on: same line,
-    monkeypatch.setattr(ext, "_registered", None)                  # not "build the op" (loading would need it)
+    hide_the_op(monkeypatch, tmp_path / "elsewhere")  # a machine without the op: same line, not "install the op"
     with pytest.raises(ExportError, match="custom op .*qembed_lookup.*fused_lookup=False"):
         export_onnx(files, tmp_path / "model.onnx")

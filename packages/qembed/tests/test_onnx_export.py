@@ -13,6 +13,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 ROWS, DIM = 300, 32
+SEQUENCE = {"fused_lookup": False}  # paddle2onnx reads no custom op: models for the ONNX runtimes keep the op sequence
 # config, bits a value in the export, offsets
 SCHEMES = {
     "int8 per-row": ({"quantize_bits": 8, "per_row": True}, 8),
@@ -70,7 +71,8 @@ def test_exported_tables_stay_quantized_and_return_the_numpy_rows(static_program
     from qcore.export import export_onnx
 
     config, bits = SCHEMES[scheme]
-    files, (report,) = quant_embedding_model(_saved(static_program, tmp_path, family), tmp_path / "q", config)
+    files, (report,) = quant_embedding_model(_saved(static_program, tmp_path, family), tmp_path / "q",
+                                             {**config, **SEQUENCE})
     path = export_onnx(files, tmp_path / "q.onnx", runtime=runtime)
     model = onnx.load(str(path))
     kinds = [n.op_type for n in model.graph.node]
@@ -120,7 +122,7 @@ def test_padding_rows_of_a_one_scale_table_export_as_zeros(tmp_path, runtime):
 
     emb_net = _padded_net()
     save_tiny_net(emb_net, tmp_path / "float", "legacy_pdmodel", EMBEDDING_INPUT_SPEC)
-    files, (report,) = quant_embedding_model(tmp_path / "float", tmp_path / "q", {"per_row": False})
+    files, (report,) = quant_embedding_model(tmp_path / "float", tmp_path / "q", {"per_row": False, **SEQUENCE})
     assert not report.choice.per_row
     path = export_onnx(files, tmp_path / "q.onnx", runtime=runtime)
     ids = np.array([[0, 0, 0, 0, 0, 0], [0, 5, 0, 7, 9, 0], [1, 2, 3, 4, 5, 6]], np.int64)
@@ -144,7 +146,7 @@ def test_the_openvino_runtime_predictor_of_a_legacy_table_model_runs_its_export(
 
     monkeypatch.setenv("QCORE_OPENVINO_PRECISION", "f32")
     save_tiny_net(_padded_net(), tmp_path / "float", "legacy_pdmodel", EMBEDDING_INPUT_SPEC)
-    files, _ = quant_embedding_model(tmp_path / "float", tmp_path / "q", {"per_row": False})
+    files, _ = quant_embedding_model(tmp_path / "float", tmp_path / "q", {"per_row": False, **SEQUENCE})
     predictor = create_predictor(files, backend="openvino-runtime")
     assert predictor.onnx_file.suffix == ".onnx"
     kinds = [n.op_type for n in onnx.load(str(predictor.onnx_file)).graph.node]
@@ -160,7 +162,7 @@ def test_a_pir_one_scale_table_with_padding_is_one_line(tmp_path):
     from qdemo.testing import EMBEDDING_INPUT_SPEC, save_tiny_net
 
     save_tiny_net(_padded_net(), tmp_path / "float", "pir", EMBEDDING_INPUT_SPEC)
-    files, _ = quant_embedding_model(tmp_path / "float", tmp_path / "q", {"per_row": False})
+    files, _ = quant_embedding_model(tmp_path / "float", tmp_path / "q", {"per_row": False, **SEQUENCE})
     with pytest.raises(ExportError, match="padding_idx 0.*per_row=True"):
         export_onnx(files, tmp_path / "q.onnx")
     assert not (tmp_path / "q.onnx").exists()
@@ -170,7 +172,7 @@ def test_log_tables_keep_their_op_sequence(static_program, tmp_path):
     from qcore.export import export_onnx
 
     files, (report,) = quant_embedding_model(_saved(static_program, tmp_path, "pir"), tmp_path / "q",
-                                             {"quantize_type": "log", "per_row": True})
+                                             {"quantize_type": "log", "per_row": True, **SEQUENCE})
     path = export_onnx(files, tmp_path / "q.onnx")
     kinds = [n.op_type for n in onnx.load(str(path)).graph.node]
     assert "GatherBlockQuantized" not in kinds and "Exp" in kinds

@@ -3,7 +3,7 @@
 The executor and ``paddle.inference`` read only programs whose custom ops are registered in the
 process, so an op's library is loaded before the program is loaded or a predictor is created. Each
 op comes from a method package's module, imported by name (qcore depends on none of them), whose
-``require()`` loads the op or raises an error saying how to build it.
+``require()`` loads the op or raises an error saying in one line what to install.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def register_custom_ops(program: bytes | Path) -> list[str]:
         try:
             provider = importlib.import_module(module)
         except ImportError:
-            raise ConfigError(f"the model uses the custom op {op}, which {package} provides; pip install {package} "
-                              "and build its op") from None
+            raise ConfigError(f"the model uses the custom op {op}, which {package} provides; pip install {package}"
+                              ) from None
         provider.require()
     return found

@@ -14,9 +14,11 @@ Flat per-table keys also act as defaults for every op type, so both forms mix. `
 ``bytes_budget`` (ours, a fraction of the float32 table's bytes) stores the rows read most often in the calibration
 ids passed to ``quant_embedding`` at ``mixed_bits[0]`` bits and the others at ``mixed_bits[1]`` (:mod:`qembed.mixed`).
 ``fused_lookup`` (False, True or "auto") is ours too: read the tables with the compiled ``qembed_lookup``
-op (:mod:`qembed.ext`) instead of the op sequence; "auto" where it is built. ``weights`` (ours) also stores
-the model's other weights weight-only (``{"weights": {"weight_bits": 8}}``: every fc / matmul / conv / gru
-weight as int8 per output channel, ``quant_post_dynamic``'s keys and meaning) in the same call.
+op (:mod:`qembed.ext`) instead of the op sequence; the default "auto" does where the op loads (the Linux x86-64
+wheel ships it; elsewhere ``python -m qembed.build_ext`` builds it); PaddleSlim (no such op) behaves as False.
+``weights`` (ours) also stores the model's other weights weight-only (``{"weights": {"weight_bits": 8}}``:
+every fc / matmul / conv / gru weight as int8 per output channel, ``quant_post_dynamic``'s keys and meaning) in
+the same call.
 """
 
 from __future__ import annotations
@@ -153,7 +155,7 @@ class EmbeddingConfig:
     op_types: tuple[str, ...]
     params_names: tuple[str, ...] | None
     tables: Mapping[str, TableConfig]
-    fused_lookup: bool | str = False  # True: the compiled op (required), "auto": where it is built
+    fused_lookup: bool | str = "auto"  # True: the compiled op (required), "auto": where it loads
     weights: WeightsConfig | None = None  # the other weights, stored weight-only; None: tables only
 
     @classmethod
@@ -185,5 +187,5 @@ class EmbeddingConfig:
         names = config.get("params_name")
         if names is not None:
             names = validate_names("params_name", names, allow_str=True)
-        fused = validate_choice("fused_lookup", config.get("fused_lookup", False), FUSED_CHOICES)
+        fused = validate_choice("fused_lookup", config.get("fused_lookup", "auto"), FUSED_CHOICES)
         return cls(op_types, names, tables, fused, WeightsConfig.from_value(config.get("weights")))

@@ -173,7 +173,7 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None,
                                         table_cfg.asymmetric, table_cfg.scale_dtype, never_hot=padding)
             except DataError as exc:
                 raise DataError(f"table {name!r}: {exc}") from None
-            planned.append((name, ops, table.shape, choice, False))
+            planned.append((name, ops, table.shape, choice, False, None))
             continue
         try:
             choice = choose_table_quantization(
@@ -183,9 +183,10 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None,
             )
         except DataError as exc:
             raise DataError(f"table {name!r}: {exc}") from None
-        planned.append((name, ops, table.shape, choice, whole_table))
+        fused = None if whole_table else _table_fused_op(graph, name, ops, fused_op, cfg)
+        planned.append((name, ops, table.shape, choice, whole_table, fused))
     reports = []
-    for name, ops, shape, choice, whole_table in planned:
+    for name, ops, shape, choice, whole_table, table_fused_op in planned:
         q = choice.table
         if isinstance(q, MixedTable):
             cold, hot = (RowSet(t.codes, t.scales, t.bits, t.offsets) for t in (q.cold, q.hot))
@@ -203,10 +204,10 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None,
                 graph.quantize_weight(graph.weight_operand(op), q.bits, axis, thresholds, float_dequant=True)
             else:
                 graph.quantize_lookup(op, q.codes, q.scales, log_step=log_step, bits=q.bits, offsets=q.offsets,
-                                      fused_op=fused_op)
+                                      fused_op=table_fused_op)
         graph.drop_param_if_unused(name)
         op_types = tuple(sorted({o.seed_type or "" for o in ops}))
-        lookup = WHOLE_TABLE if whole_table else FUSED if fused_op else OP_SEQUENCE
+        lookup = WHOLE_TABLE if whole_table else FUSED if table_fused_op else OP_SEQUENCE
         reports.append(TableReport(name, op_types, shape, choice, whole_table, lookup))
     if cfg.weights is not None:
         Deployment().store_weights(graph, graph.ops(cfg.weights.op_types), cfg.weights.bits)
@@ -227,10 +228,22 @@ def _calibration_counts(graph: Graph, name: str, ops: list[OpRef], whole_table: 
 
 
 def _fused_op(fused_lookup: bool | str) -> str | None:
-    """The op type lookups are fused into (``fused_lookup``: True needs it built, "auto" takes it if built)."""
+    """The op type lookups are fused into (``fused_lookup``: True requires the op, "auto" takes it where it loads)."""
     if fused_lookup is True:
         ext.require()
     return ext.OP_TYPE if fused_lookup and ext.load() else None
+
+
+def _table_fused_op(graph: Graph, name: str, ops: list[OpRef], fused_op: str | None, cfg: EmbeddingConfig
+                    ) -> str | None:
+    """``fused_op`` unless a lookup of table ``name`` reads sequence (LoD) ids, whose lengths the op would drop:
+    "auto" keeps the op sequence there, True is refused."""
+    if fused_op is None or not any(graph.lookup_reads_sequences(op) for op in ops):
+        return fused_op
+    if cfg.fused_lookup is True:
+        raise ConfigError(f"table {name!r} is looked up with sequence (LoD) ids, whose lengths {fused_op} does not "
+                          "pass on; use fused_lookup='auto' (the op sequence for such tables) or False")
+    return None
 
 
 def _float32_table(graph: Graph, name: str) -> np.ndarray:

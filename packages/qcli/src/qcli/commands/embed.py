@@ -48,8 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how per-row scales (and offsets) are stored: float16 takes 2 bytes each instead of 4 "
                         "(default float32; a single scale for the table stays float32)")
     p.add_argument("--fused-lookup", choices=list(ASYMMETRIC), default=None,
-                   help="models: read tables with the compiled qembed_lookup op (build it with python -m "
-                        "qembed.build_ext); auto: where it is built (default off: the op sequence)")
+                   help="models: read tables with the compiled qembed_lookup op (the Linux x86-64 wheel ships it; "
+                        "elsewhere python -m qembed.build_ext builds it); off: the op sequence (default auto: "
+                        "the op where it loads)")
     p.add_argument("--threshold", type=float, default=None, help="clip the table to [-t, t] before quantizing")
     p.add_argument("--params-name", action="append", default=None, help="only this table (repeatable)")
     p.add_argument("--op-types", nargs="+", default=None,
@@ -109,10 +110,11 @@ def _run_model(qembed: Any, args: argparse.Namespace) -> int:
               f"{r.choice.per_row_error:.4f} | {r.float_bytes / 2**20:.2f} | {r.quantized_bytes / 2**20:.2f} |")
     source = args.source if args.source.is_dir() else args.source.parent
     print(f"\nmodel on disk: {_size(source) / 2**20:.2f} MiB -> {_size(files.directory) / 2**20:.2f} MiB")
-    from qembed.ext import BUILD_COMMAND, OP_TYPE
+    from qembed.ext import INSTALL_HINT, OP_TYPE
 
     if any(OP_TYPE in r.lookup for r in reports):
-        print(f"the model uses the compiled {OP_TYPE} op: run `{BUILD_COMMAND}` on every machine that serves it")
+        print(f"the model uses the compiled {OP_TYPE} op; every machine that serves it needs it: {INSTALL_HINT} "
+              "(--fused-lookup off: the op sequence, for ONNX too)")
     return 0
 
 

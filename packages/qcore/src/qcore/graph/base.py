@@ -246,6 +246,11 @@ class Graph(ABC):
         operand = self._operand_in_slot(op, slot)
         return operand if operand is not None and operand.is_param else None
 
+    def lookup_reads_sequences(self, op: OpRef) -> bool:
+        """Whether the lookup ``op``'s ids carry sequence lengths (legacy LoD) that its rows pass on to their readers
+        (a GRU, a sequence pool); a fused lookup op would drop them. PIR has no LoD."""
+        return False
+
     def activation_operands(self, op: OpRef) -> list[Operand]:
         """The non-parameter float inputs of ``op`` that no rewrite of ours produced."""
         return [o for o in self.operands(op) if not o.is_param and self._key(o.value) not in self._made]

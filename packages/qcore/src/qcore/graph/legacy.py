@@ -377,6 +377,10 @@ class LegacyGraph(Graph):
         scaled = add("elementwise_mul", {"X": value, "Y": scale}, {"axis": -1})
         return add("elementwise_add", {"X": scaled, "Y": row_values(tables.offset)}, {"axis": -1}, result=result)
 
+    def lookup_reads_sequences(self, op: OpRef) -> bool:
+        ids_slot = "x" if op.type == "embedding_with_scaled_gradient" else "Ids"
+        return any(self.block._find_var_recursive(name).lod_level > 0 for name in op.raw.input(ids_slot))
+
     def _build_lookup_fused(self, op: OpRef, tables: LookupTables, op_type: str) -> None:
         ids_slot, out_slot = ("x", "out") if op.type == "embedding_with_scaled_gradient" else ("Ids", "Out")
         padding = op.raw.attr("padding_idx") if op.raw.has_attr("padding_idx") else -1

@@ -13,10 +13,12 @@
 //   bag (pooled; mean and sqrt_mean count only the others; a bag without ids pools to zeros).
 // The arithmetic is the op sequence's (code value * scale, then + offset, each rounded to float32; a float16
 // scale or offset widened to float32 first, which is exact) and bags are summed id by id in order; build with
-// -ffp-contract=off so no multiply-add is fused.
+// -ffp-contract=off so no multiply-add is fused. The x86-64 build holds AVX-512, AVX2 and baseline code paths,
+// one chosen at run time (see Dispatch): build it without -march, so that the baseline path runs anywhere.
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -104,15 +106,20 @@ inline void Row(const Table& t, int64_t id, float* out) {
   }
 }
 
+// Checked before the kernel runs, in the baseline code path: the kernels below do arithmetic only.
 template <typename Id>
-void Run(const Table& t, const Id* ids, int64_t bags, int64_t bag, Pool pool, int64_t padding_idx, float* out) {
-  for (int64_t i = 0; i < bags * bag; ++i) {
+void CheckIds(const Id* ids, int64_t n, int64_t rows) {
+  for (int64_t i = 0; i < n; ++i) {
     const int64_t id = static_cast<int64_t>(ids[i]);
-    if (id < 0 || id >= t.rows) {  // (so a negative padding_idx, i.e. none, matches no id below)
-      PD_THROW("qembed_lookup: id ", id, " is outside the table's ", t.rows, " rows; ids must be in [0, ", t.rows,
-               ")");
+    if (id < 0 || id >= rows) {  // (so a negative padding_idx, i.e. none, matches no id below)
+      PD_THROW("qembed_lookup: id ", id, " is outside the table's ", rows, " rows; ids must be in [0, ", rows, ")");
     }
   }
+}
+
+template <typename Id>
+inline void Run(const Table& t, const Id* ids, int64_t bags, int64_t bag, Pool pool, int64_t padding_idx,
+                float* out) {
   const int64_t dim = t.dim;
   if (pool == Pool::kNone) {
     for (int64_t i = 0; i < bags * bag; ++i) {
@@ -140,6 +147,98 @@ void Run(const Table& t, const Id* ids, int64_t bags, int64_t bag, Pool pool, in
     const float div = pool == Pool::kMean ? static_cast<float>(n) : std::sqrt(static_cast<float>(n));
     for (int64_t d = 0; d < dim; ++d) o[d] = o[d] / div;
   }
+}
+
+// ---- code paths per instruction set, chosen at run time ----------------------------------------------------
+// Each path is Run compiled for one instruction set: `flatten` inlines Run and Row into the path's function, so
+// the compiler vectorises them for that set. Vector and scalar float32 arithmetic round alike (no multiply-add is
+// fused: -ffp-contract=off), so every path gives the same bits. QEMBED_ISA=avx512|avx2|x86-64 forces a path.
+template <typename Id>
+using Kernel = void (*)(const Table&, const Id*, int64_t, int64_t, Pool, int64_t, float*);
+
+enum class Isa { kBaseline, kAvx2, kAvx512 };
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define QEMBED_PATH(name, isas)                                                                      \
+  template <typename Id>                                                                               \
+  __attribute__((target(isas), flatten)) void name(const Table& t, const Id* ids, int64_t bags, int64_t bag, \
+                                                   Pool pool, int64_t padding_idx, float* out) {       \
+    Run(t, ids, bags, bag, pool, padding_idx, out);                                                    \
+  }
+QEMBED_PATH(RunAvx512, "avx512f,avx512bw,avx512dq,avx512vl,avx2,popcnt")
+QEMBED_PATH(RunAvx2, "avx2,popcnt")
+#undef QEMBED_PATH
+
+bool Supported(Isa isa) {
+  __builtin_cpu_init();
+  switch (isa) {
+    case Isa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2");
+    default:
+      return true;
+  }
+}
+#else
+bool Supported(Isa isa) { return isa == Isa::kBaseline; }
+#endif
+
+const char* IsaName(Isa isa) {
+  return isa == Isa::kAvx512 ? "avx512" : isa == Isa::kAvx2 ? "avx2" : "x86-64";
+}
+
+// The path this process uses: QEMBED_ISA's if set (an error if this CPU lacks it), else the widest it has.
+// Empty message: chosen; else why QEMBED_ISA cannot be honoured.
+struct Choice {
+  Isa isa = Isa::kBaseline;
+  std::string error;
+};
+
+Choice Choose() {
+  Choice c;
+  const char* forced = std::getenv("QEMBED_ISA");
+  if (forced != nullptr && *forced != '\0') {
+    const std::string want(forced);
+    for (Isa isa : {Isa::kAvx512, Isa::kAvx2, Isa::kBaseline}) {
+      if (want != IsaName(isa)) continue;
+      c.isa = isa;
+      if (!Supported(isa)) c.error = "QEMBED_ISA=" + want + " but this CPU lacks it; unset QEMBED_ISA";
+      return c;
+    }
+    c.error = "QEMBED_ISA=" + want + " is not one of avx512, avx2, x86-64";
+    return c;
+  }
+  for (Isa isa : {Isa::kAvx512, Isa::kAvx2}) {
+    if (Supported(isa)) {
+      c.isa = isa;
+      return c;
+    }
+  }
+  return c;
+}
+
+const Choice& Chosen() {
+  static const Choice choice = Choose();
+  return choice;
+}
+
+template <typename Id>
+Kernel<Id> KernelFor(Isa isa) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (isa == Isa::kAvx512) return RunAvx512<Id>;
+  if (isa == Isa::kAvx2) return RunAvx2<Id>;
+#endif
+  return Run<Id>;
+}
+
+template <typename Id>
+void Dispatch(const Table& t, const Id* ids, int64_t bags, int64_t bag, Pool pool, int64_t padding_idx, float* out) {
+  const Choice& c = Chosen();
+  PD_CHECK(c.error.empty(), "qembed_lookup: ", c.error);
+  CheckIds(ids, bags * bag, t.rows);
+  KernelFor<Id>(c.isa)(t, ids, bags, bag, pool, padding_idx, out);
 }
 
 std::vector<int64_t> OutShape(const std::vector<int64_t>& ids, int64_t dim, const std::string& pooling) {
@@ -189,9 +288,9 @@ std::vector<paddle::Tensor> LookupForward(const paddle::Tensor& ids, const paddl
   if (pool != Pool::kNone && bag == 0) {
     std::memset(o, 0, sizeof(float) * out.numel());  // every bag is empty
   } else if (ids.dtype() == paddle::DataType::INT64) {
-    Run(t, ids.data<int64_t>(), bags, bag, pool, padding_idx, o);
+    Dispatch(t, ids.data<int64_t>(), bags, bag, pool, padding_idx, o);
   } else if (ids.dtype() == paddle::DataType::INT32) {
-    Run(t, ids.data<int32_t>(), bags, bag, pool, padding_idx, o);
+    Dispatch(t, ids.data<int32_t>(), bags, bag, pool, padding_idx, o);
   } else {
     PD_THROW("qembed_lookup: Ids must be int64 or int32");
   }
@@ -211,6 +310,13 @@ std::vector<paddle::DataType> LookupInferDtype(const paddle::DataType& ids, cons
                                                const paddle::optional<paddle::DataType>& offset,
                                                const paddle::optional<paddle::DataType>& values) {
   return {paddle::DataType::FLOAT32};
+}
+
+// The code path this process runs ("avx512", "avx2" or "x86-64"), or why QEMBED_ISA cannot be honoured
+// (qembed.ext.isa() reads it).
+extern "C" __attribute__((visibility("default"))) const char* qembed_lookup_isa() {
+  const Choice& c = Chosen();
+  return c.error.empty() ? IsaName(c.isa) : c.error.c_str();
 }
 
 PD_BUILD_OP(qembed_lookup)
