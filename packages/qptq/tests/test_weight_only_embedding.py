@@ -59,6 +59,26 @@ def test_the_table_gets_round_to_nearest_groups_along_hidden_and_the_tied_head_r
     assert result.size_bytes() == (64 * 48 // 2 + 2 * 48 * 4 + 48) + (64 * 64 // 2 + 2 * 64 * 4 + 64)
 
 
+
+@pytest.mark.parametrize("grid", ["int", "gguf"])
+def test_a_table_coded_a_block_of_rows_at_a_time_has_the_codes_of_the_whole(monkeypatch, grid):
+    from qptq.weight_only import plan
+    from qptq.weight_only.plan import WeightOnlyResult, quantize_tables, table_rows
+
+    table = np.random.default_rng(3).standard_normal((VOCAB, HIDDEN)).astype(np.float32)
+    config = WeightOnlyConfig(group_size=32, embedding_bits=4, grid=grid, symmetric=grid == "gguf")
+    whole, blocks = WeightOnlyResult(), WeightOnlyResult()
+    assert quantize_tables({"t": table}, {"t": "t.w"}, config, whole) == ["t"]
+    monkeypatch.setattr(plan, "TABLE_ROWS", 7)  # 48 rows: six blocks of 7 and one of 6
+    quantize_tables({"t": table}, {"t": "t.w"}, config, blocks)
+    a, b = whole.codes["t.w"], blocks.codes["t.w"]
+    for field in ("codes", "scales", "zero_points", "offsets"):
+        x, y = getattr(a, field), getattr(b, field)
+        assert (x is None and y is None) or np.array_equal(x, y), field
+    ids = np.array([5, 0, 47, 5])
+    np.testing.assert_array_equal(table_rows(b, ids), table_rows(a)[ids])  # rows of ids: those of the whole table
+
+
 def test_bad_embedding_bits_is_one_line():
     with pytest.raises(ConfigError, match=r"^embedding_bits=3 is not supported; use one of \(4, 8\), or None"):
         WeightOnlyConfig(embedding_bits=3)

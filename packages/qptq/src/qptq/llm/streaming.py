@@ -39,7 +39,7 @@ from ..weight_only.layer import (
     quantizes_table,
     selected_linears,
 )
-from ..weight_only.plan import WeightOnlyResult, quantize_tables
+from ..weight_only.plan import WeightOnlyResult, quantize_tables, table_rows
 from .common import RMSNorm
 from .layout import DecoderLayout
 from .sources import TensorSource, port_of
@@ -95,12 +95,6 @@ def _load(layer: nn.Layer, values: dict[str, np.ndarray]) -> nn.Layer:
     return layer.eval()
 
 
-def _table(tables: WeightOnlyResult, table: np.ndarray | None) -> np.ndarray:
-    """The table the runtime reads: its codes' rows dequantized (the codes are of its transpose), else ``table``."""
-    codes = tables.codes.get("embed_tokens.weight")
-    return table if codes is None else np.ascontiguousarray(codes.dequantize().T, np.float32)
-
-
 @paddle.no_grad()
 def quantize_streaming(source: TensorSource, config: WeightOnlyConfig, windows: Sequence[np.ndarray] | None,
                        probe: np.ndarray, progress: Callable[[str], None] | None = None,
@@ -129,14 +123,16 @@ def quantize_streaming(source: TensorSource, config: WeightOnlyConfig, windows: 
     if quantizes_table("embed_tokens", cfg.hidden_size, config):
         quantize_tables({"embed_tokens": table}, {"embed_tokens": "embed_tokens.weight"}, config, tables)
 
-    def embed(ids: np.ndarray, rows: np.ndarray) -> paddle.Tensor:
-        out = paddle.to_tensor(rows[ids])
+    def embed(rows: np.ndarray) -> paddle.Tensor:
+        out = paddle.to_tensor(rows)
         return out if scale is None else out * scale
 
     # calibration reads the float table (as on the whole model, whose tables are coded after its linears); the
-    # probe reads what the runtime will, the coded table
-    hidden = [embed(w, table) for w in windows or ()]
-    probe_h = embed(probe, _table(tables, table))
+    # probe reads what the runtime will, the coded table's rows
+    hidden = [embed(table[w]) for w in windows or ()]
+    coded_table = tables.codes.get("embed_tokens.weight")
+    probe_h = embed(table[probe] if coded_table is None else
+                    table_rows(coded_table, probe.ravel()).reshape(*probe.shape, -1))
     del table  # a float table is read again at the end: memory holds one layer between
     state: dict[str, np.ndarray] = {}
     result = WeightOnlyResult()
@@ -179,7 +175,7 @@ def quantize_streaming(source: TensorSource, config: WeightOnlyConfig, windows: 
         head_weight = head.weight
     del hidden
 
-    table = _table(tables, None) if tables.codes else source.tensor("embed_tokens.weight")
+    table = source.tensor("embed_tokens.weight") if coded_table is None else table_rows(coded_table)
     merge_results(result, tables)
     state["embed_tokens.weight"] = table
     x = norm(probe_h)

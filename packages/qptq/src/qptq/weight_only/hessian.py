@@ -12,9 +12,8 @@ the same whatever the order of the rows, the BLAS threads or the split of the ba
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import math
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray

@@ -31,7 +31,7 @@ from qcore.errors import ConfigError, DataError
 
 from .config import WeightOnlyConfig, layer_group
 from .hessian import HessianAccumulator, InputRange
-from .plan import WeightOnlyResult, quantize_tables, quantize_weights
+from .plan import WeightOnlyResult, quantize_tables, quantize_weights, table_rows
 
 
 def selected_linears(named: Iterable[tuple[str, Any]], config: WeightOnlyConfig) -> list[tuple[str, Any]]:
@@ -280,9 +280,8 @@ def quantize_(model: Any, config: WeightOnlyConfig, calibration: Iterable[Any] |
         result = quantize_linears(linears, hessians, shared, config, progress)
         result.calibration_seconds, result.math_seconds = middle - start, time.perf_counter() - middle
     if tables:
-        dequantized = quantize_tables({n: t.weight.numpy() for n, t in tables.items()},
-                                      {n: t.weight.name for n, t in tables.items()}, config, result)
-        for n, value in dequantized.items():
-            tables[n].weight.set_value(paddle.to_tensor(value.astype(np.float32)))
+        for n in quantize_tables({n: t.weight.numpy() for n, t in tables.items()},
+                                 {n: t.weight.name for n, t in tables.items()}, config, result):
+            tables[n].weight.set_value(paddle.to_tensor(table_rows(result.codes[tables[n].weight.name])))
     result.seconds = time.perf_counter() - start
     return result

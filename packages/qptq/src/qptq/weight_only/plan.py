@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qcore.distributed import all_gather, world
-from qcore.groupwise import GroupCodes, quantize_groups
+from qcore.groupwise import GroupCodes, join_outputs, quantize_groups
 
 from .awq import search_scales
 from .clip_search import search_clip
@@ -211,21 +211,33 @@ def quantize_weights(
     return result, effective
 
 
+#: Vocabulary rows of a table coded at a time: its float64 working copies stay bounded (a 151936 x 1536 table whole
+#: took three of 1.9 GB each) and the codes are the same (each row's groups are its own).
+TABLE_ROWS = 16384
+
+
 def quantize_tables(tables: Mapping[str, np.ndarray], names: Mapping[str, str], config: WeightOnlyConfig,
-                    result: WeightOnlyResult) -> dict[str, np.ndarray]:
+                    result: WeightOnlyResult) -> list[str]:
     """Round-to-nearest codes of each embedding table (``[vocab, hidden]`` by key) at ``config.embedding_bits``,
     in groups of hidden channels (:func:`.config.layer_group`), added to ``result`` under the table's parameter
     name as the codes of its transpose, ``[hidden, vocab]``: the weight of a tied LM head (``h @ table.T``),
-    whose column ``v`` is row ``v`` of the table. Returns the dequantized tables by key (tables the fallback
-    leaves float are absent)."""
-    effective = {}
+    whose column ``v`` is row ``v`` of the table. Coded :data:`TABLE_ROWS` rows at a time. Returns the keys
+    coded (tables the fallback leaves float are not); :func:`table_rows` gives a coded table's rows."""
+    coded = []
     for k, table in tables.items():
         group = layer_group(table.shape[1], config, config.embedding_bits)
         if group is None:
             continue
-        codes = quantize_groups(np.asarray(table, np.float64).T, *group, family=config.grid)
-        effective[k] = codes.dequantize().T
+        codes = join_outputs([quantize_groups(np.asarray(table[lo:lo + TABLE_ROWS], np.float64).T, *group,
+                                              family=config.grid) for lo in range(0, table.shape[0], TABLE_ROWS)])
         result.codes[names[k]] = codes
         result.layers.append(LayerReport(k, names[k], codes.codes.shape, codes.bits, codes.group_size, None,
                                          grid=codes.grid.name))
-    return effective
+        coded.append(k)
+    return coded
+
+
+def table_rows(codes: GroupCodes, ids: np.ndarray | None = None) -> np.ndarray:
+    """The float32 rows a coded table (:func:`quantize_tables`) stands for: all, or those of ``ids``."""
+    picked = codes if ids is None else codes.select_outputs(ids)
+    return np.ascontiguousarray(picked.dequantize().T, np.float32)

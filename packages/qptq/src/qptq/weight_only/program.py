@@ -20,7 +20,7 @@ from qcore.graph import Graph, OpRef
 
 from .config import WeightOnlyConfig, layer_group
 from .hessian import HessianAccumulator
-from .plan import WeightOnlyResult, quantize_tables, quantize_weights
+from .plan import WeightOnlyResult, quantize_tables, quantize_weights, table_rows
 
 log = logging.getLogger(__name__)
 #: Seed op types whose weight is a matmul's ``[in, out]`` operand.
@@ -82,7 +82,8 @@ def quantize_program(graph: Graph, config: WeightOnlyConfig, batches: Iterable[d
         by_input.setdefault(operand.name, []).append(k)
     weights = {k: graph.get_param(names[k]).astype(np.float64) for k in keys}
     result, effective = quantize_weights(weights, names, hessians, list(by_input.values()), config, progress)
-    effective.update(quantize_tables({t: graph.get_param(t) for t in tables}, {t: t for t in tables}, config, result))
+    for t in quantize_tables({t: graph.get_param(t) for t in tables}, {t: t for t in tables}, config, result):
+        effective[t] = table_rows(result.codes[t])
     for k, value in effective.items():
         graph.set_param(k, value.astype(np.float32))
     return result
