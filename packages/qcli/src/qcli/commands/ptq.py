@@ -421,15 +421,11 @@ def _finish(args: argparse.Namespace, source: ModelFiles, out: ModelFiles, repor
 
 
 def auto_summary(auto: dict[str, Any]) -> str:
-    """``algo="auto"``'s decision in one line: the whole model float and why, or the layers kept float and the
-    held-out estimate."""
-    if auto.get("model") == "float":
-        return f"the model stays float: {auto['why']}"
-    held = auto["held_out"]
-    where = f"{held['batches']} held-out batches" if held["unseen"] else "calibration batches (none held out)"
-    budget = auto["budget"]
-    return (f"{len(auto['float_layers'])} layers float; {budget['metric']} {held['mean']:.3g} +- "
-            f"{held['standard_error']:.2g} on {where} (budget {budget['max']:g}{'' if budget['met'] else ', not met'})")
+    """``algo="auto"``'s decision in one line (:func:`qptq.decide.summary`)."""
+    from qptq.decide import summary
+
+    what, why = summary(auto)
+    return f"the model stays float: {why}" if what == "float" else f"{what}; {why}"
 
 
 def _print_weight_only(report: dict, float_bytes: int) -> None:
