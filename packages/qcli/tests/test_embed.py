@@ -95,7 +95,7 @@ def test_embed_fused_lookup(model, tmp_path, capsys, monkeypatch):
         mp.setattr(ext, "SHIPPED", tmp_path / "no-wheel" / ext.SHIPPED.name)
         mp.setattr(ext, "_registered", None)
         assert main(argv) == 3
-    assert "not available here; pip install paddle-quant-embed" in capsys.readouterr().err
+    assert "not available here; pip install --find-links dist paddle-quant-embed" in capsys.readouterr().err
     assert not (tmp_path / "q").exists()
     if ext.loaded() is None and ext.shipped() is None:
         if ext.compiler() is None:
@@ -105,7 +105,7 @@ def test_embed_fused_lookup(model, tmp_path, capsys, monkeypatch):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "| per-row | fused (qembed_lookup) |" in out and "every machine that serves it needs it: pip install " \
-                                                           "paddle-quant-embed" in out
+                                                           "--find-links dist paddle-quant-embed" in out
     ids = np.arange(12, dtype=np.int64).reshape(2, 6)
     files = find_model_files(tmp_path / "q", kwargs["model_filename"])
     assert predict(files, {"ids": ids})[0].shape == (2, 4)

@@ -262,8 +262,8 @@ def test_auto_falls_back_to_the_op_sequence_when_not_built(not_built, rows_model
 
 def test_fused_lookup_true_without_the_build_says_how_to_build(not_built, rows_model, tmp_path):
     directory, kwargs = rows_model
-    with pytest.raises(ConfigError, match=r"^[^\n]*not available here; pip install paddle-quant-embed .* run "
-                                          r"`python -m qembed.build_ext`[^\n]*$"):
+    with pytest.raises(ConfigError, match=r"^[^\n]*not available here; pip install --find-links dist "
+                                          r"paddle-quant-embed .* run `python -m qembed.build_ext`[^\n]*$"):
         quant_embedding_model(directory, tmp_path / "q", {"fused_lookup": True}, **kwargs)
     assert not (tmp_path / "q").exists()
 
@@ -273,7 +273,8 @@ def test_a_fused_model_without_the_build_says_how_to_build(built, rows_model, tm
     files, _ = quant_embedding_model(directory, tmp_path / "q", {"fused_lookup": True}, **kwargs)
     hide_the_op(monkeypatch, tmp_path / "elsewhere")  # e.g. a server without the wheel or a build
     for read in (lambda: predict(files, {"ids": np.ones((1, BAG), np.int64)}), lambda: load_model(files)):
-        with pytest.raises(ConfigError, match=r"^[^\n]*pip install paddle-quant-embed .*`python -m qembed.build_ext`"):
+        with pytest.raises(ConfigError, match=r"^[^\n]*pip install --find-links dist paddle-quant-embed "
+                                                r".*`python -m qembed.build_ext`"):
             read()
 
 

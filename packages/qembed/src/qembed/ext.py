@@ -28,8 +28,8 @@ OP_TYPE = "qembed_lookup"
 #: Directory of this machine's build (default ``$XDG_CACHE_HOME/qembed``, i.e. ``~/.cache/qembed``).
 DIR_ENV = "QEMBED_EXT_DIR"
 BUILD_COMMAND = "python -m qembed.build_ext"
-INSTALL_HINT = (f"pip install paddle-quant-embed (its Linux x86-64 wheel ships the op) or run `{BUILD_COMMAND}` "
-                "(needs a C++ compiler)")
+INSTALL_HINT = ("pip install --find-links dist paddle-quant-embed (the Linux x86-64 wheel `nox -s build` writes "
+                f"ships the op) or run `{BUILD_COMMAND}` (needs a C++ compiler)")
 #: The library a platform wheel ships, and its manifest (``{"paddle": version, ...}``).
 SHIPPED = Path(__file__).parent / "lib" / f"{OP_TYPE}.so"
 MANIFEST = SHIPPED.with_suffix(".json")
