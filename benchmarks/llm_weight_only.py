@@ -172,23 +172,29 @@ class Runner:
 
 
 class LlamaCppRunner:
-    """A GGUF file in llama.cpp (``llama-cpp-python``), as its users run it: one context scoring every position
-    (perplexity, the long prompt's logits), one computing only the last position's logits (timings, greedy
-    decoding), both at batch 1 with the benchmark's threads."""
+    """A GGUF file in llama.cpp (``llama-cpp-python``), as its users run it: a context scoring every position
+    (perplexity, the long prompt's logits), opened for each call and closed after it (it holds ``context x vocab``
+    logits twice: 1.3 GB for Gemma 3's 262144 tokens, and every runner stays alive for the interleaved timings),
+    and one computing only the last position's logits (timings, greedy decoding), both at batch 1 with the
+    benchmark's threads."""
 
     def __init__(self, path: Path, context: int) -> None:
+        self.path, self.context = path, context
+        self.timing = self._open(logits_all=False)
+
+    def _open(self, logits_all: bool) -> Any:
         import llama_cpp
 
-        def open_(logits_all: bool) -> Any:
-            return llama_cpp.Llama(str(path), n_ctx=context, n_batch=WINDOW, n_threads=THREADS,
-                                   n_threads_batch=THREADS, logits_all=logits_all, verbose=False)
-
-        self.scoring, self.timing = open_(True), open_(False)
+        return llama_cpp.Llama(str(self.path), n_ctx=self.context, n_batch=WINDOW, n_threads=THREADS,
+                               n_threads_batch=THREADS, logits_all=logits_all, verbose=False)
 
     def prefill(self, ids: np.ndarray) -> list[np.ndarray]:
-        self.scoring.reset()
-        self.scoring.eval([int(i) for i in ids[0]])
-        return [np.asarray(self.scoring.scores[: ids.shape[1]], np.float32)[None]]
+        scoring = self._open(logits_all=True)
+        try:
+            scoring.eval([int(i) for i in ids[0]])
+            return [np.array(scoring.scores[: ids.shape[1]], np.float32)[None]]
+        finally:
+            scoring.close()
 
     def time_prefill(self, ids: np.ndarray) -> None:
         self.timing.reset()
