@@ -8,7 +8,7 @@ import pytest
 
 from qcore.groupwise import grid_of, quantize_groups
 from qptq.weight_only.awq import search_scales
-from qptq.weight_only.clip_search import RATIOS, group_errors, search_clip
+from qptq.weight_only.clip_search import RATIOS, diagonal_blocks, group_errors, search_clip
 
 
 def _inputs(rng, k=64, rows=400, outliers=(3, 17, 40)):
@@ -47,7 +47,10 @@ def test_clip_search_scores_each_group_by_its_output_error_and_beats_no_clip():
     # a group's error by hand: d^T H_gg d for ratio 1 on group 0, output 2
     d = w - quantize_groups(w, 4, 32).dequantize()
     by_hand = d[:32, 2] @ hessian[:32, :32] @ d[:32, 2]
-    assert group_errors(w, hessian, grid_of(4, False), 32, 1.0)[0, 2] == pytest.approx(by_hand, rel=1e-6)  # fp32 steps
+    blocks = diagonal_blocks(hessian, 32)
+    np.testing.assert_array_equal(blocks[1], hessian[32:, 32:].astype(np.float32))
+    errors = group_errors(w.astype(np.float32), blocks, grid_of(4, False), 1.0)  # scored in float32
+    assert errors[0, 2] == pytest.approx(by_hand, rel=1e-5)
     clip = search_clip(w, hessian, 4, 32)
     assert clip.shape == (2, 8) and set(np.unique(clip)) <= set(RATIOS)
     clipped = _error(x, w, quantize_groups(w, 4, 32, clip=clip).dequantize())

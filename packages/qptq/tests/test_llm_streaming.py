@@ -77,6 +77,19 @@ def test_the_inverse_cholesky_factor_is_upper_and_inverts_the_hessian():
     np.testing.assert_allclose(u, np.linalg.cholesky(np.linalg.inv(h)).T, atol=1e-12)
 
 
+def test_the_float32_factor_over_several_factor_blocks_matches_float64():
+    """GPTQ factors in float32 (half float64's time); across block edges it keeps float32's precision."""
+    from qptq.weight_only.gptq import FACTOR_BLOCK
+    rng = np.random.default_rng(2)
+    k = 2 * FACTOR_BLOCK + 88
+    a = rng.standard_normal((3 * k, k)) * rng.uniform(0.2, 3.0, k)
+    h = a.T @ a / len(a) + 0.01 * np.eye(k)
+    exact = np.linalg.cholesky(np.linalg.inv(h)).T
+    u = inverse_cholesky(h, np.float32)
+    assert u.dtype == np.float32 and np.array_equal(u, np.triu(u))
+    assert np.max(np.abs(u - exact)) < 1e-4 * np.max(np.abs(exact))
+
+
 def test_jobs_go_to_the_least_loaded_rank_largest_first():
     assert owners([5.0, 1.0, 4.0, 3.0], 2) == [0, 0, 1, 1]  # 5 -> r0, 4 -> r1, 3 -> r1 (4 < 5), 1 -> r0 (5 < 7)
     assert owners([1.0, 1.0, 1.0], 1) == [0, 0, 0]

@@ -66,7 +66,8 @@ class WeightOnlyResult:
 
 @dataclass
 class WeightPlan:
-    """One linear's float weight, input Hessian, AWQ scales and, once quantized, its codes and effective weight."""
+    """One linear's float weight, input Hessian, AWQ scales and, once quantized, its codes, effective weight and
+    relative output error (:meth:`relative_error`)."""
 
     weight: np.ndarray
     hessian: np.ndarray | None
@@ -74,10 +75,13 @@ class WeightPlan:
     alpha: float | None
     codes: GroupCodes | None = None
     effective: np.ndarray | None = None
+    relative: float | None = None
 
     def quantize(self, config: WeightOnlyConfig, bits: int) -> None:
-        """Codes at ``bits`` in the group :func:`.config.layer_group` gives this weight."""
+        """Codes at ``bits`` in the group :func:`.config.layer_group` gives this weight, and their error (on the
+        rank that chose them: a ``[K, K]`` by ``[K, 2N]`` product, as much as the codes' own math for wide K)."""
         self.adopt(self.choose(config, bits))
+        self.relative = self.relative_error()
 
     def adopt(self, codes: GroupCodes) -> None:
         """Take ``codes`` (chosen here or by another rank): the effective weight follows from them."""
@@ -107,7 +111,7 @@ class WeightPlan:
         """The layer output error relative to its output on the calibration inputs (None without them)."""
         if self.hessian is None:
             return None
-        change, output = output_errors([self.effective.astype(np.float64) - self.weight, self.weight], self.hessian)
+        change, output = output_errors([self.effective - self.weight, self.weight], self.hessian)
         return float(np.sqrt(change / output))
 
 
@@ -143,7 +147,7 @@ def owners(costs: Sequence[float], ranks: int) -> list[int]:
 def _share(plans: Mapping[str, WeightPlan], jobs: Sequence[Sequence[str]], work: Callable[[list[str]], None],
            what: str) -> None:
     """Run ``work(keys)`` for each job (keys of ``plans``) on its owner rank (:func:`owners`, by the weights'
-    ``K^2 N + K^3``) and give every rank the codes, scales and alpha of every plan."""
+    ``K^2 N + K^3``) and give every rank the codes, scales, alpha and relative error of every plan."""
     rank, size = world()
     costs = [sum(plans[k].weight.shape[0] ** 2 * (plans[k].weight.shape[1] + plans[k].weight.shape[0])
                  for k in keys) for keys in jobs]
@@ -153,10 +157,10 @@ def _share(plans: Mapping[str, WeightPlan], jobs: Sequence[Sequence[str]], work:
         work(list(keys))
     if size == 1:
         return
-    done = {k: (plans[k].codes, plans[k].scales, plans[k].alpha) for keys in mine for k in keys}
+    done = {k: (plans[k].codes, plans[k].scales, plans[k].alpha, plans[k].relative) for keys in mine for k in keys}
     for part in all_gather(done, what):
-        for k, (codes, scales, alpha) in part.items():
-            plans[k].scales, plans[k].alpha = scales, alpha
+        for k, (codes, scales, alpha, relative) in part.items():
+            plans[k].scales, plans[k].alpha, plans[k].relative = scales, alpha, relative
             plans[k].adopt(codes)
 
 
@@ -206,7 +210,7 @@ def quantize_weights(
         if plan.scales is not None:
             result.input_scales[names[k]] = plan.scales.astype(np.float32)
         result.layers.append(LayerReport(k, names[k], tuple(plan.weight.shape), plan.codes.bits,
-                                         plan.codes.group_size, plan.relative_error(), plan.alpha,
+                                         plan.codes.group_size, plan.relative, plan.alpha,
                                          plan.codes.grid.name))
     return result, effective
 
