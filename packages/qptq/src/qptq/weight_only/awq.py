@@ -45,9 +45,9 @@ def search_scales(weights: Sequence[ArrayLike], hessian: ArrayLike, bits: int = 
                   symmetric: bool = False, alphas: tuple[float, ...] = ALPHAS) -> AwqScales:
     """The scales (one per input channel) shared by ``weights`` (each ``[K, N_i]``, all reading the input of
     Hessian ``hessian``) with the least summed output error."""
-    h = np.asarray(hessian, np.float64)
+    h = np.asarray(hessian)  # as given (float32 from HessianAccumulator): only read by the errors' products
     ws = [np.asarray(w, np.float64) for w in weights]
-    rms = np.sqrt(np.maximum(np.diag(h), 0.0) / 2)
+    rms = np.sqrt(np.maximum(np.diag(h).astype(np.float64), 0.0) / 2)
     rms = np.where(rms > 0, rms, rms[rms > 0].min() if (rms > 0).any() else 1.0)
     errors: dict[float, float] = {}
     best: tuple[float, float, NDArray[np.float64]] | None = None

@@ -98,7 +98,7 @@ def gptq(
     front (act order; :func:`.clip_search.search_clip`)."""
     grid = grid_of(bits, symmetric, family, group_size)
     w = np.array(weight, np.float32)
-    hessian = np.asarray(hessian, np.float64)
+    hessian = np.asarray(hessian)
     k, n = w.shape
     if hessian.shape != (k, k):
         raise ConfigError(f"the Hessian has shape {hessian.shape}; a [{k}, {n}] weight needs [{k}, {k}]")
@@ -109,7 +109,7 @@ def gptq(
     size = step_group(k, grid, group_size)
     groups = k // size
     unit = grid.block if grid.sub is not None else size  # channels whose steps are fixed together
-    diagonal = np.diag(hessian).copy()
+    diagonal = np.diag(hessian).astype(np.float64)
     dead = diagonal == 0
     diagonal[dead] = 1.0
     w[dead] = 0.0
@@ -121,7 +121,7 @@ def gptq(
         steps[:], zeros = step, zero
     order = np.argsort(-diagonal, kind="stable") if act_order else np.arange(k)
     reverse = order[::-1]  # the one [K, K] copy: the Hessian in quantization order, reversed, factored in place
-    h = hessian.astype(np.float32)[np.ix_(reverse, reverse)]
+    h = np.asarray(hessian[np.ix_(reverse, reverse)], np.float32)
     h[np.diag_indices(k)] = diagonal[reverse] + damp * np.mean(diagonal)
     upper = invert_cholesky_in_place(h)[::-1, ::-1]
     w = w[order]

@@ -56,11 +56,12 @@ def fixed_point_bits(rows: int) -> int:
 
 
 class HessianAccumulator:
-    """``2 X^T X / rows`` over every calibration batch of a matmul's input (``[..., K]``), in float64.
+    """``2 X^T X / rows`` over every calibration batch of a matmul's input (``[..., K]``), summed in float64 and
+    handed out in float32, what GPTQ, clip search and the reports compute in (half the memory of a ``[K, K]``).
 
     With ``span`` (an :class:`InputRange` over all the rows to come, every rank's), the sum is exact
     (module docstring); ``update`` then refuses more rows than the range counted, and :meth:`hessian` scales the
-    sum into the Hessian in place (no second ``[K, K]`` array: the accumulator is spent).
+    sum in place and releases it (the accumulator is spent).
     """
 
     def __init__(self, k: int, span: InputRange | None = None) -> None:
@@ -68,15 +69,15 @@ class HessianAccumulator:
         self.rows = 0
         self.step: NDArray[np.float64] | None = None
         self.limit = 0
-        self.spent = False  # the exact sum was scaled into the Hessian in place
+        self.spent: NDArray[np.float32] | None = None  # the exact sum's Hessian, once taken
         if span is not None:
             self.limit = span.rows
             self.step = np.where(span.absmax > 0, span.absmax, 1.0) / 2.0 ** fixed_point_bits(span.rows)
 
     def update(self, x: ArrayLike) -> None:
-        a = _rows(x, self.sum.shape[0])
-        if self.spent:
+        if self.spent is not None:
             raise DataError("this Hessian was already taken; sum the rows before calling hessian()")
+        a = _rows(x, self.sum.shape[0])
         if self.step is not None:
             if self.rows + a.shape[0] > self.limit:
                 raise DataError(f"more calibration rows ({self.rows + a.shape[0]}) than the first pass counted "
@@ -85,30 +86,31 @@ class HessianAccumulator:
         self.sum += a.T @ a
         self.rows += a.shape[0]
 
-    def hessian(self) -> NDArray[np.float64]:
-        if self.spent:
-            return self.sum
+    def hessian(self) -> NDArray[np.float32]:
+        if self.spent is not None:
+            return self.spent
         if not self.rows:
             raise DataError("no calibration rows reached this matmul; give GPTQ at least one batch")
         if self.step is None:
-            return 2.0 * self.sum / self.rows
+            return (2.0 * self.sum / self.rows).astype(np.float32)
         self.sum *= 2.0 / self.rows
         self.sum *= self.step[:, None]
         self.sum *= self.step[None, :]
-        self.spent = True
-        return self.sum
+        self.spent = self.sum.astype(np.float32)
+        self.sum = np.zeros((0, 0))  # released: only the float32 Hessian stays
+        return self.spent
 
 
-def output_errors(changes: Sequence[NDArray[np.floating]], hessian: NDArray[np.float64]) -> list[float]:
+def output_errors(changes: Sequence[NDArray[np.floating]], hessian: NDArray[np.floating]) -> list[float]:
     """``tr(D^T H D)`` for each ``[K, N_i]`` weight change ``D`` of ``changes``: one float32 matrix product over
     all of them (BLAS, not a triple loop; a report's four digits need no float64, which took twice the time)."""
     stacked = np.concatenate([np.asarray(d, np.float32) for d in changes], axis=1)
-    product = hessian.astype(np.float32) @ stacked
+    product = np.asarray(hessian, np.float32) @ stacked
     ends = np.cumsum([np.shape(d)[1] for d in changes])
     return [float(np.sum(part * hd, dtype=np.float64))
             for part, hd in zip(np.split(stacked, ends[:-1], axis=1), np.split(product, ends[:-1], axis=1))]
 
 
-def output_error(d: NDArray[np.floating], hessian: NDArray[np.float64]) -> float:
+def output_error(d: NDArray[np.floating], hessian: NDArray[np.floating]) -> float:
     """``tr(D^T H D)`` for a ``[K, N]`` weight change ``d`` (:func:`output_errors`)."""
     return output_errors([d], hessian)[0]
