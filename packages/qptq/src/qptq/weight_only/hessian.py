@@ -34,6 +34,16 @@ def _rows(x: ArrayLike, k: int) -> NDArray[np.float64]:
     return a
 
 
+def _add_gram(total: NDArray[np.float64], a: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``total + a^T a`` into ``total`` (symmetric ``[K, K]``) by one BLAS ``gemm`` with ``beta = 1``: no
+    ``[K, K]`` temporary (640 MB for K = 8960)."""
+    from scipy.linalg.blas import get_blas_funcs
+
+    gemm = get_blas_funcs("gemm", (a,))
+    rows = a.T  # Fortran order: a [K, rows] matrix M, and M M^T = a^T a; total.T is total (symmetric)
+    return gemm(1.0, rows, rows, beta=1.0, c=total.T, trans_b=1, overwrite_c=1).T
+
+
 class InputRange:
     """The largest magnitude of each of a matmul's ``k`` input channels, and the rows seen (the first pass of an
     exact Hessian); ranks combine theirs by an element-wise max and a sum."""
@@ -82,8 +92,9 @@ class HessianAccumulator:
             if self.rows + a.shape[0] > self.limit:
                 raise DataError(f"more calibration rows ({self.rows + a.shape[0]}) than the first pass counted "
                                 f"({self.limit}); pass the same batches to both passes")
-            a = np.rint(a / self.step)
-        self.sum += a.T @ a
+            a = np.divide(a, self.step)  # a new array (the input may be the caller's), rounded in place
+            np.rint(a, out=a)
+        self.sum = _add_gram(self.sum, a)
         self.rows += a.shape[0]
 
     def hessian(self) -> NDArray[np.float32]:
