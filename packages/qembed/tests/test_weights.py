@@ -107,17 +107,26 @@ def simulated(model_dir, params: dict, ids: np.ndarray) -> np.ndarray:  # type: 
     return run_executor(graph.model, ids)
 
 
-def test_sequence_ids_keep_the_op_sequence_where_the_fused_op_would_drop_their_lengths(built, gru_model, tmp_path):
-    """The gru reads the rows' LoD: "auto" (the default) keeps the op sequence for such a table, True is refused."""
+def test_sequence_ids_keep_the_op_sequence_where_the_fused_op_would_drop_their_lengths(built, gru_model, tmp_path,
+                                                                                       monkeypatch):
+    """The gru reads the rows' LoD: "auto" (the default) keeps the op sequence for such a table, True is refused
+    before any table is quantized."""
     from qcore.errors import ConfigError
+    from qembed import program
     from qembed.program import OP_SEQUENCE
 
     model_dir, _ = gru_model
     files, (report,) = quant_embedding_model(model_dir, tmp_path / "q", {"per_row": True})
     assert report.lookup == OP_SEQUENCE and b"qembed_lookup" not in files.model_file.read_bytes()
     assert run_executor(load_model(files), feed_ids()).shape == (sum(LENGTHS), 5)
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("a table was quantized before the refusal")
+
+    monkeypatch.setattr(program, "choose_table_quantization", no_work)
     with pytest.raises(ConfigError, match="'emb' is looked up with sequence \\(LoD\\) ids.*fused_lookup='auto'"):
         quant_embedding_model(model_dir, tmp_path / "t", {"per_row": True, "fused_lookup": True})
+    assert not (tmp_path / "t").exists()
 
 
 def test_one_call_stores_tables_and_weights_int8(gru_model, tmp_path):

@@ -152,13 +152,15 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None,
         if name not in tables:
             raise ConfigError(f"calibration_ids names {name!r}, which is not the table of any lookup"
                               f"{did_you_mean(str(name), tables)}; tables found: {', '.join(sorted(tables))}")
+    chosen = {name: ops for name, ops in tables.items() if cfg.params_names is None or name in cfg.params_names}
+    # which lookups are fused (a refusal comes here, before any table is quantized)
+    fused_of = {name: None if _whole_table(ops) else _table_fused_op(graph, name, ops, fused_op, cfg)
+                for name, ops in chosen.items()}
     # Every table is checked and quantized before the first rewrite, so bad input changes nothing.
     planned = []
-    for name, ops in tables.items():
-        if cfg.params_names is not None and name not in cfg.params_names:
-            continue
+    for name, ops in chosen.items():
         table_cfg: TableConfig = cfg.tables[seed_of[ops[0].seed_type or ""]]
-        whole_table = any(op.seed_type in WHOLE_TABLE_OPS for op in ops)
+        whole_table = _whole_table(ops)
         if whole_table and table_cfg.quantize_type == "log":
             raise GraphError(
                 f"table {name!r} is read by {ops[0].seed_type}, whose CPU kernel rejects int8 tables, so it is "
@@ -183,8 +185,7 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None,
             )
         except DataError as exc:
             raise DataError(f"table {name!r}: {exc}") from None
-        fused = None if whole_table else _table_fused_op(graph, name, ops, fused_op, cfg)
-        planned.append((name, ops, table.shape, choice, whole_table, fused))
+        planned.append((name, ops, table.shape, choice, whole_table, fused_of[name]))
     reports = []
     for name, ops, shape, choice, whole_table, table_fused_op in planned:
         q = choice.table
@@ -212,6 +213,11 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None,
     if cfg.weights is not None:
         Deployment().store_weights(graph, graph.ops(cfg.weights.op_types), cfg.weights.bits)
     return reports
+
+
+def _whole_table(ops: list[OpRef]) -> bool:
+    """Whether an op of ``ops`` reads its table whole (dequantized as a whole, not looked up row by row)."""
+    return any(op.seed_type in WHOLE_TABLE_OPS for op in ops)
 
 
 def _calibration_counts(graph: Graph, name: str, ops: list[OpRef], whole_table: bool,
