@@ -77,6 +77,7 @@ def test_a_table_coded_a_block_of_rows_at_a_time_has_the_codes_of_the_whole(monk
         assert (x is None and y is None) or np.array_equal(x, y), field
     ids = np.array([5, 0, 47, 5])
     np.testing.assert_array_equal(table_rows(b, ids), table_rows(a)[ids])  # rows of ids: those of the whole table
+    np.testing.assert_array_equal(table_rows(a), a.dequantize().T)  # dequantized 7 rows at a time: the same
 
 
 def test_bad_embedding_bits_is_one_line():

@@ -179,6 +179,6 @@ def quantize_streaming(source: TensorSource, config: WeightOnlyConfig, windows: 
     merge_results(result, tables)
     state["embed_tokens.weight"] = table
     x = norm(probe_h)
-    logits = (paddle.matmul(x, paddle.to_tensor(table), transpose_y=True) if head_weight is None
-              else paddle.matmul(x, head_weight))
-    return StreamedQuantization(StreamedDecoder(cfg, state), result, logits.numpy()[0], spill)
+    logits = (x.numpy()[0] @ table.T if head_weight is None  # numpy: no second copy of the table
+              else paddle.matmul(x, head_weight).numpy()[0])
+    return StreamedQuantization(StreamedDecoder(cfg, state), result, logits, spill)

@@ -242,6 +242,10 @@ def quantize_tables(tables: Mapping[str, np.ndarray], names: Mapping[str, str], 
 
 
 def table_rows(codes: GroupCodes, ids: np.ndarray | None = None) -> np.ndarray:
-    """The float32 rows a coded table (:func:`quantize_tables`) stands for: all, or those of ``ids``."""
-    picked = codes if ids is None else codes.select_outputs(ids)
-    return np.ascontiguousarray(picked.dequantize().T, np.float32)
+    """The float32 rows a coded table (:func:`quantize_tables`) stands for: all, or those of ``ids``; dequantized
+    :data:`TABLE_ROWS` rows at a time (the whole table at once made three float32 copies of it)."""
+    ids = np.arange(codes.codes.shape[1]) if ids is None else np.asarray(ids)
+    rows = np.empty((len(ids), codes.codes.shape[0]), np.float32)
+    for lo in range(0, len(ids), TABLE_ROWS):
+        rows[lo:lo + TABLE_ROWS] = codes.select_outputs(ids[lo:lo + TABLE_ROWS]).dequantize().T
+    return rows
