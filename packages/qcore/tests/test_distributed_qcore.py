@@ -54,6 +54,9 @@ def test_two_ranks_gather_and_reduce(ranks):
         assert seen["world"] == [rank, 2]
         assert seen["gathered"] == [{"rank": 0, "sq": 0}, {"rank": 1, "sq": 1}]
         assert seen["max"] == [2.0, 5.0]
+        # rank r held [[1, 2], [5, 6], [9, 10]] * (r + 1): the sum is three times rank 0's
+        assert seen["sum"] == [[3.0, 6.0], [15.0, 18.0], [27.0, 30.0]] and seen["input_kept"]
+        assert seen["max_array"] == seen["in_place"] == [2.0, 5.0, 7.0, 0.0, 2.0]
 
 
 def test_a_mismatch_is_named_on_every_rank(ranks):
