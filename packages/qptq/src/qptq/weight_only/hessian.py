@@ -79,13 +79,13 @@ class HessianAccumulator:
         self.rows = 0
         self.step: NDArray[np.float64] | None = None
         self.limit = 0
-        self.spent: NDArray[np.float32] | None = None  # the exact sum's Hessian, once taken
+        self.taken: NDArray[np.float32] | None = None  # the exact sum's Hessian, once hessian() took it
         if span is not None:
             self.limit = span.rows
             self.step = np.where(span.absmax > 0, span.absmax, 1.0) / 2.0 ** fixed_point_bits(span.rows)
 
     def update(self, x: ArrayLike) -> None:
-        if self.spent is not None:
+        if self.taken is not None:
             raise DataError("this Hessian was already taken; sum the rows before calling hessian()")
         a = _rows(x, self.sum.shape[0])
         if self.step is not None:
@@ -98,8 +98,8 @@ class HessianAccumulator:
         self.rows += a.shape[0]
 
     def hessian(self) -> NDArray[np.float32]:
-        if self.spent is not None:
-            return self.spent
+        if self.taken is not None:
+            return self.taken
         if not self.rows:
             raise DataError("no calibration rows reached this matmul; give GPTQ at least one batch")
         if self.step is None:
@@ -107,9 +107,9 @@ class HessianAccumulator:
         self.sum *= 2.0 / self.rows
         self.sum *= self.step[:, None]
         self.sum *= self.step[None, :]
-        self.spent = self.sum.astype(np.float32)
+        self.taken = self.sum.astype(np.float32)
         self.sum = np.zeros((0, 0))  # released: only the float32 Hessian stays
-        return self.spent
+        return self.taken
 
 
 def output_errors(changes: Sequence[NDArray[np.floating]], hessian: NDArray[np.floating]) -> list[float]:
