@@ -17,7 +17,7 @@ from .awq import search_scales
 from .clip_search import search_clip
 from .config import WeightOnlyConfig, layer_group
 from .gptq import gptq
-from .hessian import output_error, output_errors
+from .hessian import output_errors
 
 
 @dataclass
@@ -67,7 +67,7 @@ class WeightOnlyResult:
 @dataclass
 class WeightPlan:
     """One linear's float weight, input Hessian, AWQ scales and, once quantized, its codes, effective weight and
-    relative output error (:meth:`relative_error`)."""
+    output errors (:meth:`errors`)."""
 
     weight: np.ndarray
     hessian: np.ndarray | None
@@ -75,13 +75,14 @@ class WeightPlan:
     alpha: float | None
     codes: GroupCodes | None = None
     effective: np.ndarray | None = None
+    error: float | None = None
     relative: float | None = None
 
     def quantize(self, config: WeightOnlyConfig, bits: int) -> None:
         """Codes at ``bits`` in the group :func:`.config.layer_group` gives this weight, and their error (on the
         rank that chose them: a ``[K, K]`` by ``[K, 2N]`` product, as much as the codes' own math for wide K)."""
         self.adopt(self.choose(config, bits))
-        self.relative = self.relative_error()
+        self.error, self.relative = self.errors()
 
     def adopt(self, codes: GroupCodes) -> None:
         """Take ``codes`` (chosen here or by another rank): the effective weight follows from them."""
@@ -102,17 +103,14 @@ class WeightPlan:
             return gptq(w, h, bits, size, symmetric, clip=clip, family=family)
         return quantize_groups(w, bits, size, symmetric, clip, family=family)
 
-    def output_error(self) -> float:
-        """``tr(D^T H D)`` of the weight change (``||D||^2`` without calibration inputs)."""
-        d = self.effective.astype(np.float64) - self.weight
-        return output_error(d, self.hessian) if self.hessian is not None else float(np.sum(d * d))
-
-    def relative_error(self) -> float | None:
-        """The layer output error relative to its output on the calibration inputs (None without them)."""
+    def errors(self) -> tuple[float, float | None]:
+        """``tr(D^T H D)`` of the weight change ``D`` (``||D||^2`` without calibration inputs), and the layer output
+        error relative to its output on the calibration inputs (None without them), from one product."""
         if self.hessian is None:
-            return None
+            d = self.effective.astype(np.float64) - self.weight
+            return float(np.sum(d * d)), None
         change, output = output_errors([self.effective - self.weight, self.weight], self.hessian)
-        return float(np.sqrt(change / output))
+        return change, float(np.sqrt(change / output))
 
 
 def promoted(plans: Mapping[str, WeightPlan], config: WeightOnlyConfig) -> list[str]:
@@ -123,7 +121,7 @@ def promoted(plans: Mapping[str, WeightPlan], config: WeightOnlyConfig) -> list[
     total = sum(p.weight.size for p in plans.values())
     low = total
     chosen = []
-    for name in sorted(plans, key=lambda n: -plans[n].output_error() / plans[n].weight.size):
+    for name in sorted(plans, key=lambda n: -plans[n].error / plans[n].weight.size):
         if low <= config.ratio * total:
             break
         chosen.append(name)
@@ -147,7 +145,7 @@ def owners(costs: Sequence[float], ranks: int) -> list[int]:
 def _share(plans: Mapping[str, WeightPlan], jobs: Sequence[Sequence[str]], work: Callable[[list[str]], None],
            what: str) -> None:
     """Run ``work(keys)`` for each job (keys of ``plans``) on its owner rank (:func:`owners`, by the weights'
-    ``K^2 N + K^3``) and give every rank the codes, scales, alpha and relative error of every plan."""
+    ``K^2 N + K^3``) and give every rank the codes, scales, alpha and errors of every plan."""
     rank, size = world()
     costs = [sum(plans[k].weight.shape[0] ** 2 * (plans[k].weight.shape[1] + plans[k].weight.shape[0])
                  for k in keys) for keys in jobs]
@@ -157,10 +155,11 @@ def _share(plans: Mapping[str, WeightPlan], jobs: Sequence[Sequence[str]], work:
         work(list(keys))
     if size == 1:
         return
-    done = {k: (plans[k].codes, plans[k].scales, plans[k].alpha, plans[k].relative) for keys in mine for k in keys}
+    done = {k: (plans[k].codes, plans[k].scales, plans[k].alpha, plans[k].error, plans[k].relative)
+            for keys in mine for k in keys}
     for part in all_gather(done, what):
-        for k, (codes, scales, alpha, relative) in part.items():
-            plans[k].scales, plans[k].alpha, plans[k].relative = scales, alpha, relative
+        for k, (codes, scales, alpha, error, relative) in part.items():
+            plans[k].scales, plans[k].alpha, plans[k].error, plans[k].relative = scales, alpha, error, relative
             plans[k].adopt(codes)
 
 
