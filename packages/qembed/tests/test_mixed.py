@@ -10,7 +10,7 @@ import pytest
 import qembed.table
 from qcore.errors import ConfigError, DataError, GraphError
 from qembed import quant_embedding, quant_embedding_model
-from qembed.mixed import MixedTable, quantize_mixed, row_counts
+from qembed.mixed import MixedRequest, MixedTable, quantize_mixed, quantize_mixed_tables, row_counts
 from qembed.table import relative_error, searched_rows
 
 ROWS, DIM = 400, 32
@@ -77,6 +77,44 @@ def test_hot_rows_weigh_reads_by_the_error_of_the_cold_row_and_skip_padding_and_
     assert cold_error[others].min() >= cold_error[rest].max()  # equal reads: the worst cold rows go hot
 
 
+def _gain_per_byte(table: np.ndarray, counts: np.ndarray, cold: np.ndarray, hot_row_bytes: int) -> np.ndarray:
+    """What a hot row takes off the reads' squared error, relative to the table's read-weighted row energy, per
+    stored byte of the hot row."""
+    energy = (counts * np.square(table).sum(axis=1)).sum() / counts.sum()
+    return counts * np.square(cold - table).sum(axis=1) / energy / hot_row_bytes
+
+
+def test_tables_quantized_together_pool_their_budgets_and_rank_rows_by_relative_gain_per_byte():
+    narrow, wide = _table(ROWS, 16, seed=3), _table(ROWS, 128, seed=4)
+    reads = [row_counts(_zipf_ids(ROWS, 3000, seed), ROWS) for seed in (5, 6)]
+    alone = [quantize_mixed(t, c, 0.2, (8, 4), asymmetric=False, scale_dtype="float16") for t, c in
+             zip((narrow, wide), reads)]
+    pooled = quantize_mixed_tables([MixedRequest(t, c, 0.2, (8, 4), False, "float16") for t, c in
+                                    zip((narrow, wide), reads)])
+    per_hot = (16 + 2, 128 + 2)  # int8 codes + a float16 scale
+    total = sum(c.table.stored_bytes for c in pooled)
+    budget = int(0.2 * narrow.nbytes) + int(0.2 * wide.nbytes)
+    assert total <= budget < total + max(per_hot)
+    # a narrow hot row costs a seventh of a wide one: the narrow table takes more hot rows than its own budget gave
+    assert len(pooled[0].table.hot_ids) > len(alone[0].table.hot_ids)
+    assert len(pooled[1].table.hot_ids) < len(alone[1].table.hot_ids)
+    # every row taken hot gains at least as much per byte as every candidate left cold, across both tables
+    cold = [quantize_mixed(t, np.zeros(ROWS, np.int64), 0.2, (8, 4), False, "float16").table.dequantize()
+            for t in (narrow, wide)]  # no reads: every row cold
+    gains = [_gain_per_byte(t, c, d, b) for t, c, d, b in zip((narrow, wide), reads, cold, per_hot)]
+    taken = np.concatenate([g[p.table.hot_ids] for g, p in zip(gains, pooled)])
+    left = np.concatenate([np.delete(g, p.table.hot_ids) for g, p in zip(gains, pooled)])
+    assert taken.min() >= left.max() > 0
+    # relative: scaling a table's values does not move hot rows between tables
+    scaled = quantize_mixed_tables([MixedRequest(narrow, reads[0], 0.2, (8, 4), False, "float16"),
+                                    MixedRequest(wide * 8, reads[1], 0.2, (8, 4), False, "float16")])
+    for a, b in zip(pooled, scaled):
+        assert a.table.hot_ids.tolist() == b.table.hot_ids.tolist()
+    # one table alone: the pool is its own budget
+    assert [p.table.hot_ids.tolist() for p in quantize_mixed_tables(
+        [MixedRequest(narrow, reads[0], 0.2, (8, 4), False, "float16")])] == [alone[0].table.hot_ids.tolist()]
+
+
 @pytest.mark.parametrize(("bits", "asymmetric", "scale_dtype"), [
     ((8, 4), False, "float32"), ((8, 4), "auto", "float16"), ((8, 2), True, "float16"), ((4, 2), True, "float32")])
 def test_mixed_rows_are_bit_equal_to_the_numpy_rows_of_each_set(bits, asymmetric, scale_dtype):
@@ -121,6 +159,30 @@ def test_the_program_reads_the_mixed_rows_bit_equal_to_numpy(family):
     assert p.scope.find_var("emb") is None  # the float table left the program and the scope
     assert np.array(p.scope.find_var("emb.cold.packed").get_tensor()).shape == (ROWS, DIM // 2)
     assert np.array(p.scope.find_var("emb.hot.quantized").get_tensor()).shape == (len(m.hot_ids) + 1, DIM)
+
+
+@pytest.mark.parametrize("family", ["pir", "legacy"])
+def test_one_call_pools_the_budget_of_its_tables_and_the_program_reads_their_rows(family):
+    table, table2 = _table(seed=11), _table(seed=12) * 3
+    from qembed_programs import build_static_program
+
+    p = build_static_program(family, table=table, table2=table2)
+    ids = {"emb": _zipf_ids(ROWS, 3000, 13), "emb2": _zipf_ids(ROWS, 300, 14)}
+    word = np.random.default_rng(15).integers(0, ROWS, (60, 1))
+    word[:20, 0] = ids["emb"][:20]
+    config = {"bytes_budget": 0.2, "mixed_bits": (8, 4), "scale_dtype": "float16", "asymmetric": False}
+    with p.guard, paddle.static.scope_guard(p.scope):
+        quant_embedding(p.main, None, config, p.scope, calibration_ids=ids)
+        got = p.exe.run(p.main, feed={"word": word}, fetch_list=[p.out])[0]
+    m, m2 = (c.table for c in quantize_mixed_tables(
+        [MixedRequest(t, row_counts(ids[n], ROWS), 0.2, (8, 4), False, "float16") for n, t in
+         (("emb", table), ("emb2", table2))]))
+    assert m.stored_bytes + m2.stored_bytes <= 0.2 * (table.nbytes + table2.nbytes)
+    assert len(m.hot_ids) > len(m2.hot_ids) > 0  # more reads: more of the pooled bytes
+    expected = 2 * _reference(m, word[:, 0]) + _reference(m2, word[:, 0])
+    assert got.reshape(60, DIM).tobytes() == expected.tobytes()
+    for name, q in (("emb", m), ("emb2", m2)):
+        assert np.array(p.scope.find_var(f"{name}.hot.quantized").get_tensor()).shape == (len(q.hot_ids) + 1, DIM)
 
 
 def test_a_padded_lookup_reads_zeros_for_its_padding_row_and_the_export_returns_the_numpy_rows(tmp_path):

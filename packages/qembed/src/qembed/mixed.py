@@ -11,16 +11,19 @@ and its first stored bytes hold its position in the hot set as signed base-256 d
     hot_at = (scale == 0) * sum(digits * 256**k)        (cold rows: 0, the zero row)
     rows   = cold + hot rows of hot_at, dequantized     (x + 0 is exact: bit-equal to either set's rows)
 
-The hot set takes rows by descending ``reads * squared error of the cold row``: every hot row costs the same bytes,
-so this order takes the most off the squared error of the calibration reads (the expected error of a lookup when
-calibration ids are a sample of traffic). Rows never read, exact rows and padding rows stay cold. It takes as many
-as the budget allows after the cold set: the stored bytes are the two sets' codes, scales and offsets. The numpy
-rows (:meth:`MixedTable.rows`) do the same arithmetic as the program.
+The hot set takes rows by descending ``reads * squared error of the cold row``: every hot row of a table costs the
+same bytes, so this order takes the most off the squared error of the calibration reads (the expected error of a
+lookup when calibration ids are a sample of traffic). Rows never read, exact rows and padding rows stay cold. It
+takes as many as the budget allows after the cold set: the stored bytes are the two sets' codes, scales and
+offsets. Tables quantized together (:func:`quantize_mixed_tables`, one ``quant_embedding`` call) pool what their
+budgets leave after their cold sets and rank all their rows by that gain per byte, relative to each table's row
+energy. The numpy rows (:meth:`MixedTable.rows`) do the same arithmetic as the program.
 """
 
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,6 +132,38 @@ def _row_bytes(q: QuantizedTable) -> int:
     return q.stored_bytes // len(q.codes)
 
 
+@dataclass(frozen=True)
+class MixedRequest:
+    """One table for :func:`quantize_mixed_tables`: its values, its reads per row, and its own settings.
+
+    ``counts``: reads per row in calibration ids (:func:`row_counts`); ``bytes_budget``: this table's share of the
+    pooled bytes (a fraction of its float32 bytes); ``bits``: (hot, cold) widths; ``never_hot``: rows kept cold
+    whatever their count (padding rows: their lookup reads zeros); ``name``: how error lines name the table.
+    """
+
+    table: ArrayLike
+    counts: ArrayLike
+    bytes_budget: float
+    bits: tuple[int, int] = MIXED_BITS
+    asymmetric: bool | str = "auto"
+    scale_dtype: str = "float32"
+    never_hot: ArrayLike = ()
+    name: str = ""
+
+
+@dataclass
+class _Cold:
+    """A request checked and its cold set made: what choosing its hot rows needs."""
+
+    values: NDArray[np.float32]
+    reads: NDArray[np.int64]
+    cold: QuantizedTable
+    per_hot: int  # stored bytes of one hot row
+    position_bytes: int
+    order: NDArray[np.int64]  # candidate hot rows, most gain first
+    gain: NDArray[np.float64]  # their gain per stored byte, relative to the table's read-weighted row energy
+
+
 def quantize_mixed(
     table: ArrayLike,
     counts: ArrayLike,
@@ -138,55 +173,102 @@ def quantize_mixed(
     scale_dtype: str = "float32",
     never_hot: ArrayLike = (),
 ) -> TableChoice:
-    """Quantize ``table`` as a :class:`MixedTable` within ``bytes_budget`` (a fraction of its float32 bytes).
+    """Quantize one ``table`` as a :class:`MixedTable` within ``bytes_budget`` (a fraction of its float32 bytes);
+    the arguments are :class:`MixedRequest`'s, and the result :func:`quantize_mixed_tables`' for that one table."""
+    return quantize_mixed_tables([MixedRequest(table, counts, bytes_budget, bits, asymmetric, scale_dtype,
+                                               never_hot)])[0]
 
-    ``counts``: reads per row in calibration ids (:func:`row_counts`); ``bits``: (hot, cold) widths; ``never_hot``:
-    rows kept cold whatever their count (padding rows: their lookup reads zeros). Both sets get per-row grids
-    (:func:`~qembed.table.choose_table_quantization` with ``per_row=True``). The choice's errors are the relative
-    RMS error of the whole table (``per_row_error``) and of the rows weighted by their counts (``whole_table_error``
-    holds the cold set's alone, for comparison). DataError when the cold rows alone exceed the budget.
+
+def quantize_mixed_tables(requests: Sequence[MixedRequest]) -> list[TableChoice]:
+    """Quantize tables as :class:`MixedTable` s that together take at most the sum of their budgets' bytes.
+
+    Every row of every table is stored cold first (per-row grids of
+    :func:`~qembed.table.choose_table_quantization`; each table's cold set must fit its own budget). The bytes
+    left over are pooled: hot rows go, across tables, to the rows with the largest ``reads * squared error of the
+    cold row`` per stored byte of a hot row, the error taken relative to the table's read-weighted mean squared row
+    norm (so a table counts by its relative error per lookup, whatever its values' scale). Narrow tables, whose
+    hot rows cost few bytes, thus take more of them than a budget per table would give. The choice's errors are
+    the relative RMS error of the whole table (``per_row_error``) and of the rows weighted by their counts
+    (``whole_table_error`` holds the cold set's alone, for comparison). DataError when a table's cold rows alone
+    exceed its budget.
     """
-    hot_bits, cold_bits = check_mixed_bits(bits)
-    budget = check_bytes_budget(bytes_budget)
-    values = np.asarray(table, np.float32)
+    if not requests:
+        return []
+    colds = [_cold_set(r) for r in requests]
+    pool = sum(int(check_bytes_budget(r.bytes_budget) * np.asarray(c.values).nbytes) for r, c in zip(requests, colds))
+    pool -= sum(c.cold.stored_bytes + c.per_hot for c in colds)  # + each table's zero hot row
+    taken = _pooled_hot_rows(colds, max(pool, 0))
+    choices = []
+    for request, c, hot_ids in zip(requests, colds, taken):
+        hot_bits, _ = check_mixed_bits(request.bits)
+        allotted = (len(hot_ids) + 1) * c.per_hot
+        hot = _hot_rows(c.values, hot_ids, hot_bits, request.asymmetric, request.scale_dtype)
+        while len(hot_ids) and hot.stored_bytes > allotted:  # offsets the estimate did not count
+            hot_ids = hot_ids[: len(hot_ids) - max(1, (hot.stored_bytes - allotted) // c.per_hot)]
+            hot = _hot_rows(c.values, hot_ids, hot_bits, request.asymmetric, request.scale_dtype)
+        mixed = MixedTable(_with_positions(c.cold, hot_ids, c.position_bytes), hot, hot_ids.astype(np.int64),
+                           c.position_bytes)
+        weights = c.reads.astype(np.float64)
+        dequantized = mixed.dequantize()
+        read_norm = float(np.sqrt((weights[:, None] * np.square(c.values)).sum()))
+        read_err = float(np.sqrt((weights[:, None] * np.square(dequantized - c.values)).sum()))
+        choices.append(TableChoice(mixed, True, relative_error(c.values, c.cold), relative_error(c.values, mixed),
+                                   c.cold.offsets is not None,
+                                   read_error=read_err / read_norm if read_norm else 0.0))
+    return choices
+
+
+def _cold_set(request: MixedRequest) -> _Cold:
+    """Check ``request``, store all its rows cold and rank its candidate hot rows; DataError naming the table."""
+    prefix = f"{request.name}: " if request.name else ""
+    hot_bits, cold_bits = check_mixed_bits(request.bits)
+    budget = check_bytes_budget(request.bytes_budget)
+    assert budget is not None
+    values = np.asarray(request.table, np.float32)
     if values.ndim != 2 or values.size == 0:
-        raise DataError(f"an embedding table must be a non-empty 2-D array (rows, dim); got shape {values.shape}")
+        raise DataError(f"{prefix}an embedding table must be a non-empty 2-D array (rows, dim); got shape "
+                        f"{values.shape}")
     rows, dim = values.shape
-    reads = np.asarray(counts, np.int64).reshape(-1)
+    reads = np.asarray(request.counts, np.int64).reshape(-1)
     if reads.size != rows:
-        raise DataError(f"counts has {reads.size} entries for a table of {rows} rows; count the reads of every row")
+        raise DataError(f"{prefix}counts has {reads.size} entries for a table of {rows} rows; count the reads of "
+                        "every row")
     position_bytes = _position_bytes(dim, cold_bits)
     if position_bytes == 0:
-        raise DataError(f"rows of {dim} values at {cold_bits} bits take less than a byte, too little for a hot row's "
-                        "position; use more cold bits or no bytes_budget for this table")
+        raise DataError(f"{prefix}rows of {dim} values at {cold_bits} bits take less than a byte, too little for a "
+                        "hot row's position; use more cold bits or no bytes_budget for this table")
+    asymmetric, scale_dtype = request.asymmetric, request.scale_dtype
     cold = choose_table_quantization(values, "abs_max", cold_bits, True, None, asymmetric,
                                      scale_dtype=scale_dtype).table  # "auto" offsets: only where they fit the budget
     if asymmetric == "auto" and cold.offsets is not None and cold.stored_bytes > budget * values.nbytes:
         cold = choose_table_quantization(values, "abs_max", cold_bits, True, None, False, scale_dtype=scale_dtype).table
-    limit = int(budget * values.nbytes) - cold.stored_bytes
-    if limit < 0:
-        raise DataError(f"bytes_budget={budget:g} is below what the {cold_bits}-bit rows alone take "
+    if cold.stored_bytes > int(budget * values.nbytes):
+        raise DataError(f"{prefix}bytes_budget={budget:g} is below what the {cold_bits}-bit rows alone take "
                         f"({cold.stored_bytes / values.nbytes:.3f} of float32); raise it or lower the cold bits")
     per_hot = packed_width(dim, hot_bits) if hot_bits <= MAX_PACKED_BITS else dim
     per_hot += np.dtype(scale_dtype).itemsize * (2 if asymmetric is True else 1)
     gain = reads * _row_errors(values, cold)  # what a hot row takes off the squared error of the calibration reads
-    gain[np.asarray(never_hot, np.int64)] = 0
+    gain[np.asarray(request.never_hot, np.int64)] = 0
     order = np.argsort(-gain, kind="stable")
-    order = order[gain[order] > 0]
-    most = 127 * (256**position_bytes - 1) // 255  # largest position the digits hold
-    hot_ids = order[: max(0, min(limit // per_hot - 1, most))]  # - 1: the zero row
-    hot = _hot_rows(values, hot_ids, hot_bits, asymmetric, scale_dtype)
-    while len(hot_ids) and cold.stored_bytes + hot.stored_bytes > budget * values.nbytes:
-        hot_ids = hot_ids[: len(hot_ids) - max(1, (cold.stored_bytes + hot.stored_bytes
-                                                   - int(budget * values.nbytes)) // per_hot)]
-        hot = _hot_rows(values, hot_ids, hot_bits, asymmetric, scale_dtype)
-    mixed = MixedTable(_with_positions(cold, hot_ids, position_bytes), hot, hot_ids.astype(np.int64), position_bytes)
-    weights = reads.astype(np.float64)
-    dequantized = mixed.dequantize()
-    read_norm = float(np.sqrt((weights[:, None] * np.square(values)).sum()))
-    read_err = float(np.sqrt((weights[:, None] * np.square(dequantized - values)).sum()))
-    return TableChoice(mixed, True, relative_error(values, cold), relative_error(values, mixed),
-                       cold.offsets is not None, read_error=read_err / read_norm if read_norm else 0.0)
+    order = order[gain[order] > 0][: 127 * (256**position_bytes - 1) // 255]  # the largest position digits hold
+    energy = float(np.dot(reads.astype(np.float64), np.square(values).sum(axis=1, dtype=np.float64)))
+    per_byte = gain[order] * (reads.sum() / energy / per_hot) if energy else np.zeros(len(order))
+    return _Cold(values, reads, cold, per_hot, position_bytes, order.astype(np.int64), per_byte)
+
+
+def _pooled_hot_rows(colds: Sequence[_Cold], pool: int) -> list[NDArray[np.int64]]:
+    """Each table's hot rows (most gain first): the candidates of all tables by descending gain per byte, taken
+    while their bytes fit ``pool`` (ties: the earlier table, then its order)."""
+    table_of = np.concatenate([np.full(len(c.order), t, np.int64) for t, c in enumerate(colds)])
+    gains = np.concatenate([c.gain for c in colds])
+    sizes = np.array([c.per_hot for c in colds], np.int64)[table_of]
+    rank = np.argsort(-gains, kind="stable")
+    fits = np.cumsum(sizes[rank]) <= pool
+    fits = rank[: int(np.argmin(fits)) if not fits.all() else len(rank)]
+    chosen = np.zeros(len(gains), bool)
+    chosen[fits] = True
+    starts = np.cumsum([0] + [len(c.order) for c in colds])
+    return [c.order[chosen[starts[t] : starts[t + 1]]] for t, c in enumerate(colds)]
 
 
 def _row_errors(values: NDArray[np.float32], q: QuantizedTable, block: int = 1 << 16) -> NDArray[np.float64]:

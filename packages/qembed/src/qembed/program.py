@@ -29,7 +29,7 @@ from qcore.quant import LN2, qmax
 
 from . import ext
 from .config import EmbeddingConfig, TableConfig
-from .mixed import MixedTable, quantize_mixed, row_counts
+from .mixed import MixedRequest, MixedTable, quantize_mixed_tables, row_counts
 from .table import TableChoice, choose_table_quantization
 
 # The op types each seed op type covers (qcore.optable.OP_TABLE names): the table's lookups that
@@ -157,7 +157,8 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None,
     fused_of = {name: None if _whole_table(ops) else _table_fused_op(graph, name, ops, fused_op, cfg)
                 for name, ops in chosen.items()}
     # Every table is checked and quantized before the first rewrite, so bad input changes nothing.
-    planned = []
+    planned: list[tuple[str, list[OpRef], tuple[int, ...], TableChoice | None, bool, str | None]] = []
+    mixed: list[MixedRequest] = []
     for name, ops in chosen.items():
         table_cfg: TableConfig = cfg.tables[seed_of[ops[0].seed_type or ""]]
         whole_table = _whole_table(ops)
@@ -170,12 +171,9 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None,
         if table_cfg.bytes_budget is not None:
             counts = _calibration_counts(graph, name, ops, whole_table, calibration_ids, table.shape[0])
             padding = [p for p in (graph.attr(op, "padding_idx", -1) for op in ops) if p is not None and p >= 0]
-            try:
-                choice = quantize_mixed(table, counts, table_cfg.bytes_budget, table_cfg.mixed_bits,
-                                        table_cfg.asymmetric, table_cfg.scale_dtype, never_hot=padding)
-            except DataError as exc:
-                raise DataError(f"table {name!r}: {exc}") from None
-            planned.append((name, ops, table.shape, choice, False, None))
+            mixed.append(MixedRequest(table, counts, table_cfg.bytes_budget, table_cfg.mixed_bits,
+                                      table_cfg.asymmetric, table_cfg.scale_dtype, padding, f"table {name!r}"))
+            planned.append((name, ops, table.shape, None, False, None))
             continue
         try:
             choice = choose_table_quantization(
@@ -186,8 +184,10 @@ def quantize_tables(graph: Graph, config: Mapping[str, Any] | None = None,
         except DataError as exc:
             raise DataError(f"table {name!r}: {exc}") from None
         planned.append((name, ops, table.shape, choice, whole_table, fused_of[name]))
+    mixed_choices = iter(quantize_mixed_tables(mixed))  # the tables with a bytes_budget share their bytes
     reports = []
     for name, ops, shape, choice, whole_table, table_fused_op in planned:
+        choice = choice or next(mixed_choices)
         q = choice.table
         if isinstance(q, MixedTable):
             cold, hot = (RowSet(t.codes, t.scales, t.bits, t.offsets) for t in (q.cold, q.hot))
