@@ -402,7 +402,8 @@ def main() -> None:
         "sigmoid; random weights (log-normal row norms), Zipf(1.1) ids, float CTR 5/50/95th percentiles "
         f"{ctr_spread[0]:.3f} / {ctr_spread[1]:.3f} / {ctr_spread[2]:.3f}. Each variant is one "
         "`quant_embedding_model` call; mixed tables (`bytes_budget` "
-        f"{MIXED_BUDGET}, pooled over the 26 tables) count rows in the ids of {n_calibration:,} calibration samples. " + timing_note
+        f"{MIXED_BUDGET}, pooled over the 26 tables) count rows in the ids of {n_calibration:,} calibration "
+        "samples. " + timing_note
         + f"CTR MAD: mean |CTR - float CTR| over {len(scored['dense'])} held-back samples (drawn apart from the "
         f"calibration samples; {unseen:.1%} of their lookups read a row no calibration id read); AUC: of the float "
         f"model's own top-decile labels. Machine: {describe_cpu()}, Paddle {paddle.__version__}. "

@@ -160,3 +160,30 @@ def test_bad_gptq_input_is_one_line():
         HessianAccumulator(4).hessian()
     with pytest.raises(DataError, match="input has 3 channels; this matmul reads 4"):
         HessianAccumulator(4).update(np.ones((2, 3)))
+
+
+@pytest.mark.parametrize(("bits", "family", "group_size"), [(4, "int", 32), (4, "gguf", 32), (4, "gguf", 256)])
+def test_output_columns_quantized_apart_with_one_factor_equal_the_whole_weight(bits, family, group_size):
+    """What lets ranks share out a weight's columns (:func:`qptq.weight_only.plan.column_split`): each column's
+    codes depend on it and the factor alone, and the column errors concatenate to the whole weight's."""
+    from qcore.groupwise import join_outputs
+    from qptq.weight_only.gptq import factor_hessian
+    from qptq.weight_only.hessian import column_errors
+
+    rng = np.random.default_rng(3)
+    x, w = _layer(rng, k=512, n=197, rows=1500)
+    h = (2 * x.T @ x / len(x)).astype(np.float32)
+    whole = gptq(w, h, bits, group_size, True, family=family)
+    factor = factor_hessian(h)
+    cuts = [0, 64, 128, 197]  # at multiples of plan.COLUMN_SHARE, as ranks share out columns
+    parts = [gptq(w[:, lo:hi], h, bits, group_size, True, family=family, factor=factor)
+             for lo, hi in zip(cuts, cuts[1:])]
+    joined = join_outputs(parts)
+    for field in ("codes", "scales", "zero_points", "offsets"):
+        a, b = getattr(whole, field), getattr(joined, field)
+        assert (a is None and b is None) or a.tobytes() == b.tobytes(), field
+    d = whole.dequantize() - w.astype(np.float32)
+    (full,) = column_errors([d], h)
+    apart = np.concatenate([column_errors([d[:, lo:hi]], h)[0] for lo, hi in zip(cuts, cuts[1:])])
+    assert full.tobytes() == apart.tobytes()
+    assert np.sum(full) == pytest.approx(np.trace(d.T.astype(np.float64) @ h @ d), rel=1e-4)

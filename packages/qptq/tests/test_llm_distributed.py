@@ -16,6 +16,7 @@ pytest.importorskip("gguf")
 pytest.importorskip("onnx")
 
 from qdemo.testing import save_tiny_llama_gguf  # noqa: E402
+from qptq.weight_only.plan import column_bounds, column_split  # noqa: E402
 
 WORKER = Path(__file__).with_name("dist_llm_worker.py")
 sys.path.insert(0, str(WORKER.parent))
@@ -29,7 +30,12 @@ def files(directory: Path) -> dict[str, bytes]:
 
 
 def test_two_ranks_write_the_bytes_of_one_process(tmp_path):
-    source = save_tiny_llama_gguf(tmp_path / "tiny.gguf", layers=3)
+    # FFN 384 -> 128: the down projection is most of a layer's GPTQ work, so the ranks share out its 128 output
+    # columns (64 each), the other linears go whole to one rank
+    source = save_tiny_llama_gguf(tmp_path / "tiny.gguf", layers=3, hidden=128, inter=384, head_dim=32)
+    cost = [sum(k * k * (n + k) for k, n in job) for job in  # a layer's jobs: q k v, o, gate up, down ([K, N] each)
+            ([(128, 128), (128, 64), (128, 64)], [(128, 128)], [(128, 384), (128, 384)], [(384, 128)])]
+    assert column_split(cost, 2) == [False, False, False, True] and column_bounds(128, 2) == [0, 64, 128]
     ids = tmp_path / "ids.npy"
     np.save(ids, np.random.default_rng(0).integers(3, 320, (5, 48)))  # 5 windows: ranks get 3 and 2
     single = tmp_path / "single"

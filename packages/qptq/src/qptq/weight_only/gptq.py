@@ -19,6 +19,8 @@ float16 step, when its first channel is). Inputs that are always zero get a zero
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from numpy.typing import ArrayLike
 
@@ -80,6 +82,42 @@ def invert_cholesky_in_place(a: np.ndarray) -> np.ndarray:
     return a
 
 
+@dataclass(frozen=True)
+class Factor:
+    """A Hessian prepared for GPTQ's channel loop (:func:`factor_hessian`); every output column uses the same one, so
+    ranks that quantize different columns of a weight share it (:mod:`.plan`)."""
+
+    order: np.ndarray  # the input channels in quantization order
+    upper: np.ndarray  # [K, K] float32: U with U^T U = H^-1 (dampened), rows and columns in that order
+    dead: np.ndarray  # input channels that are always zero (their weight rows become zero)
+
+
+def channel_order(hessian: ArrayLike, act_order: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The quantization order of the input channels (largest ``diag(H)`` first with ``act_order``) and the dead ones
+    (zero diagonal): cheap, so a rank that receives a factor's ``upper`` computes them itself."""
+    diagonal = np.diag(np.asarray(hessian))
+    dead = diagonal == 0
+    order = np.argsort(-np.where(dead, 1.0, diagonal.astype(np.float64)), kind="stable") if act_order else \
+        np.arange(len(diagonal))
+    return order, dead
+
+
+def factor_hessian(hessian: ArrayLike, damp: float = DAMP, act_order: bool = True) -> Factor:
+    """The inverse Cholesky factor of ``hessian`` plus ``damp`` times its mean diagonal (dead inputs' diagonal set
+    to 1), in the quantization order of :func:`channel_order`; one ``[K, K]`` float32 copy, factored in place."""
+    hessian = np.asarray(hessian)
+    if hessian.ndim != 2 or hessian.shape[0] != hessian.shape[1]:
+        raise ConfigError(f"the Hessian has shape {hessian.shape}; it must be square, [K, K]")
+    if not 0 <= damp < 1:
+        raise ConfigError(f"damp={damp!r} is not valid; use a fraction of the mean diagonal in [0, 1)")
+    order, dead = channel_order(hessian, act_order)
+    diagonal = np.where(dead, 1.0, np.diag(hessian).astype(np.float64))
+    reverse = order[::-1]  # the one [K, K] copy: the Hessian in quantization order, reversed, factored in place
+    h = np.asarray(hessian[np.ix_(reverse, reverse)], np.float32)
+    h[np.diag_indices(len(h))] = diagonal[reverse] + damp * np.mean(diagonal)
+    return Factor(order, invert_cholesky_in_place(h)[::-1, ::-1], dead)
+
+
 def gptq(
     weight: ArrayLike,
     hessian: ArrayLike,
@@ -92,38 +130,32 @@ def gptq(
     act_order: bool = True,
     clip: ArrayLike = 1.0,
     family: str = "int",
+    factor: Factor | None = None,
 ) -> GroupCodes:
     """Group-wise codes of ``weight`` (``[K, N]``) chosen by GPTQ for inputs of Hessian ``hessian`` (``[K, K]``)
     on the grid of ``family`` (:func:`qcore.groupwise.grid_of`); ``clip`` shrinks the ranges of the grids fixed up
-    front (act order; :func:`.clip_search.search_clip`)."""
+    front (act order; :func:`.clip_search.search_clip`). ``factor``: :func:`factor_hessian` of ``hessian`` (with
+    this ``damp`` and ``act_order``) when already computed. Each output column's codes depend on that column and
+    the factor only, so columns quantized apart equal those of the whole weight."""
     grid = grid_of(bits, symmetric, family, group_size)
     w = np.array(weight, np.float32)
-    hessian = np.asarray(hessian)
     k, n = w.shape
-    if hessian.shape != (k, k):
-        raise ConfigError(f"the Hessian has shape {hessian.shape}; a [{k}, {n}] weight needs [{k}, {k}]")
+    if np.shape(hessian) != (k, k):
+        raise ConfigError(f"the Hessian has shape {np.shape(hessian)}; a [{k}, {n}] weight needs [{k}, {k}]")
     if not act_order and np.any(np.asarray(clip) != 1.0):
         raise ConfigError("clip applies to the grids act order fixes up front; use act_order=True")
-    if not 0 <= damp < 1:
-        raise ConfigError(f"damp={damp!r} is not valid; use a fraction of the mean diagonal in [0, 1)")
+    f = factor if factor is not None else factor_hessian(hessian, damp, act_order)
     size = step_group(k, grid, group_size)
     groups = k // size
     unit = grid.block if grid.sub is not None else size  # channels whose steps are fixed together
-    diagonal = np.diag(hessian).astype(np.float64)
-    dead = diagonal == 0
-    diagonal[dead] = 1.0
-    w[dead] = 0.0
+    w[f.dead] = 0.0
     # grids fixed up front (act order), else filled in as each group's first channel is reached
     steps = np.zeros((groups, n))
     zeros = None if grid.zero == "none" else np.zeros((groups, n))
     if act_order:
         step, zero = group_grid(w.reshape(groups, size, n), grid, clip)
         steps[:], zeros = step, zero
-    order = np.argsort(-diagonal, kind="stable") if act_order else np.arange(k)
-    reverse = order[::-1]  # the one [K, K] copy: the Hessian in quantization order, reversed, factored in place
-    h = np.asarray(hessian[np.ix_(reverse, reverse)], np.float32)
-    h[np.diag_indices(k)] = diagonal[reverse] + damp * np.mean(diagonal)
-    upper = invert_cholesky_in_place(h)[::-1, ::-1]
+    order, upper = f.order, f.upper
     w = w[order]
     codes = np.zeros((k, n), np.float32)
     # a block holds whole grid units, so that a unit's grid is taken from fully updated channels

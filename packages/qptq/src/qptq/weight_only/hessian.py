@@ -112,14 +112,21 @@ class HessianAccumulator:
         return self.taken
 
 
-def output_errors(changes: Sequence[NDArray[np.floating]], hessian: NDArray[np.floating]) -> list[float]:
-    """``tr(D^T H D)`` for each ``[K, N_i]`` weight change ``D`` of ``changes``: one float32 matrix product over
-    all of them (BLAS, not a triple loop; a report's four digits need no float64, which took twice the time)."""
+def column_errors(changes: Sequence[NDArray[np.floating]], hessian: NDArray[np.floating]) -> list[NDArray[np.float64]]:
+    """Per output column, ``d_n^T H d_n`` for each ``[K, N_i]`` weight change ``D`` of ``changes``: one float32 matrix
+    product over all of them (BLAS, not a triple loop; a report's four digits need no float64, which took twice the
+    time), each column summed on its own. A column's value depends on that column alone, so the columns of a
+    weight split over ranks sum (in column order) to what one process gets."""
     stacked = np.concatenate([np.asarray(d, np.float32) for d in changes], axis=1)
     product = np.asarray(hessian, np.float32) @ stacked
     ends = np.cumsum([np.shape(d)[1] for d in changes])
-    return [float(np.sum(part * hd, dtype=np.float64))
+    return [np.sum(part * hd, axis=0, dtype=np.float64)
             for part, hd in zip(np.split(stacked, ends[:-1], axis=1), np.split(product, ends[:-1], axis=1))]
+
+
+def output_errors(changes: Sequence[NDArray[np.floating]], hessian: NDArray[np.floating]) -> list[float]:
+    """``tr(D^T H D)`` for each ``[K, N_i]`` weight change ``D`` of ``changes``: the sum of :func:`column_errors`."""
+    return [float(np.sum(c)) for c in column_errors(changes, hessian)]
 
 
 def output_error(d: NDArray[np.floating], hessian: NDArray[np.floating]) -> float:

@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from qcore.distributed import all_gather, world
+from qcore.distributed import all_gather, all_reduce_array, world
 from qcore.groupwise import GroupCodes, join_outputs, quantize_groups
 
 from .awq import search_scales
 from .clip_search import search_clip
 from .config import WeightOnlyConfig, layer_group
-from .gptq import gptq
-from .hessian import output_errors
+from .gptq import Factor, factor_hessian, gptq
+from .hessian import column_errors
 
 
 @dataclass
@@ -67,7 +67,7 @@ class WeightOnlyResult:
 @dataclass
 class WeightPlan:
     """One linear's float weight, input Hessian, AWQ scales and, once quantized, its codes, effective weight and
-    output errors (:meth:`errors`)."""
+    output errors (:meth:`column_errors`)."""
 
     weight: np.ndarray
     hessian: np.ndarray | None
@@ -79,38 +79,58 @@ class WeightPlan:
     relative: float | None = None
 
     def quantize(self, config: WeightOnlyConfig, bits: int) -> None:
-        """Codes at ``bits`` in the group :func:`.config.layer_group` gives this weight, and their error (on the
-        rank that chose them: a ``[K, K]`` by ``[K, 2N]`` product, as much as the codes' own math for wide K)."""
-        self.adopt(self.choose(config, bits))
-        self.error, self.relative = self.errors()
+        """Codes at ``bits`` in the group :func:`.config.layer_group` gives this weight, and their errors."""
+        codes = self.choose(config, bits)
+        self.settle(codes, *self.column_errors(codes))
 
-    def adopt(self, codes: GroupCodes) -> None:
-        """Take ``codes`` (chosen here or by another rank): the effective weight follows from them."""
-        self.codes = codes
-        effective = codes.dequantize()  # float32, as the layer will hold it
-        self.effective = effective if self.scales is None else (effective / self.scales[:, None]).astype(np.float32)
+    def prepared(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """The weight and Hessian the codes are chosen for: the weight rows times AWQ's scales read the input divided
+        by them, so its Hessian is divided by them on both sides."""
+        if self.scales is None:
+            return self.weight, self.hessian
+        return self.weight * self.scales[:, None], self.hessian / np.outer(self.scales, self.scales)
 
-    def choose(self, config: WeightOnlyConfig, bits: int) -> GroupCodes:
-        """The codes ``config``'s algorithms choose at ``bits`` (the expensive step)."""
-        w, h = self.weight, self.hessian
-        if self.scales is not None:  # the weight rows times s read the input divided by s: its Hessian scales too
-            w = w * self.scales[:, None]
-            h = h / np.outer(self.scales, self.scales)
+    def factor(self) -> Factor:
+        """GPTQ's factor of the prepared Hessian (what every output column's codes share)."""
+        return factor_hessian(self.prepared()[1])
+
+    def choose(self, config: WeightOnlyConfig, bits: int, columns: slice = slice(None),
+               factor: Factor | None = None) -> GroupCodes:
+        """The codes ``config``'s algorithms choose at ``bits`` for the output ``columns`` (the expensive step);
+        ``factor``: :meth:`factor`, when already computed (GPTQ)."""
+        w, h = self.prepared()
+        w = w[:, columns]
         family = config.grid
         bits, size, symmetric = layer_group(w.shape[0], config, bits)
         clip = search_clip(w, h, bits, size, symmetric, family=family) if config.clip_search else 1.0
         if config.algo == "gptq":
-            return gptq(w, h, bits, size, symmetric, clip=clip, family=family)
+            return gptq(w, h, bits, size, symmetric, clip=clip, family=family, factor=factor)
         return quantize_groups(w, bits, size, symmetric, clip, family=family)
 
-    def errors(self) -> tuple[float, float | None]:
-        """``tr(D^T H D)`` of the weight change ``D`` (``||D||^2`` without calibration inputs), and the layer output
-        error relative to its output on the calibration inputs (None without them), from one product."""
+    def dequantized(self, codes: GroupCodes) -> np.ndarray:
+        """The float32 weight ``codes`` stand for (divided by AWQ's scales), as the layer will hold it."""
+        effective = codes.dequantize()
+        return effective if self.scales is None else (effective / self.scales[:, None]).astype(np.float32)
+
+    def column_errors(self, codes: GroupCodes, columns: slice = slice(None)
+                      ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Per output column of ``columns`` (``codes``' own): the output error ``d^T H d`` of the weight change ``d``
+        (``||d||^2`` without calibration inputs) and the output's ``w^T H w`` (None without them), from one
+        product; a column's values depend on it alone (:func:`.hessian.column_errors`)."""
+        weight = self.weight[:, columns]
         if self.hessian is None:
-            d = self.effective.astype(np.float64) - self.weight
-            return float(np.sum(d * d)), None
-        change, output = output_errors([self.effective - self.weight, self.weight], self.hessian)
-        return change, float(np.sqrt(change / output))
+            d = self.dequantized(codes).astype(np.float64) - weight
+            return np.sum(d * d, axis=0), None
+        change, output = column_errors([self.dequantized(codes) - weight, weight], self.hessian)
+        return change, output
+
+    def settle(self, codes: GroupCodes, change: np.ndarray, output: np.ndarray | None) -> None:
+        """Take ``codes`` (chosen here or by other ranks) and their per-column errors (:meth:`column_errors`): the
+        effective weight, ``tr(D^T H D)`` and the output error relative to the output."""
+        self.codes = codes
+        self.effective = self.dequantized(codes)
+        self.error = float(np.sum(change))
+        self.relative = None if output is None else float(np.sqrt(self.error / np.sum(output)))
 
 
 def promoted(plans: Mapping[str, WeightPlan], config: WeightOnlyConfig) -> list[str]:
@@ -129,7 +149,6 @@ def promoted(plans: Mapping[str, WeightPlan], config: WeightOnlyConfig) -> list[
     return chosen
 
 
-
 def owners(costs: Sequence[float], ranks: int) -> list[int]:
     """The rank that does each job of ``costs``: the largest first, each to the least loaded rank (ties: the
     lower rank), a function of the costs alone, so every rank computes the same assignment."""
@@ -142,25 +161,109 @@ def owners(costs: Sequence[float], ranks: int) -> list[int]:
     return owner
 
 
-def _share(plans: Mapping[str, WeightPlan], jobs: Sequence[Sequence[str]], work: Callable[[list[str]], None],
+#: Output columns of a rank's share of a weight (:func:`column_bounds`): a multiple of it, and at least it, so that
+#: every share's matrix products take BLAS's general path, as the whole weight's do (a one-column share took the
+#: matrix-vector path and summed its output error in another order).
+COLUMN_SHARE = 64
+
+
+def column_bounds(columns: int, ranks: int) -> list[int] | None:
+    """Where the ranks' shares of ``columns`` output columns start and end: near-equal, cut at multiples of
+    :data:`COLUMN_SHARE`; None when a share would be narrower than that."""
+    cuts = [0] + [round(columns * r / ranks / COLUMN_SHARE) * COLUMN_SHARE for r in range(1, ranks)] + [columns]
+    return cuts if all(b - a >= COLUMN_SHARE for a, b in zip(cuts, cuts[1:])) else None
+
+
+def column_split(costs: Sequence[float], ranks: int) -> list[bool]:
+    """Which jobs have their output columns shared out over the ranks: those costing more than a rank's share of
+    all (a 1.5B model's down projection is nine tenths of its layer's GPTQ work; whole, it held one rank while
+    the others idled)."""
+    return [ranks > 1 and cost > sum(costs) / ranks for cost in costs]
+
+
+def _share(plans: Mapping[str, WeightPlan], jobs: Sequence[Sequence[str]], config: WeightOnlyConfig,
+           bits_of: Callable[[str], int], search_awq: bool, progress: Callable[[str], None] | None,
            what: str) -> None:
-    """Run ``work(keys)`` for each job (keys of ``plans``) on its owner rank (:func:`owners`, by the weights'
-    ``K^2 N + K^3``) and give every rank the codes, scales, alpha and errors of every plan."""
+    """Codes of every job's weights (keys of ``plans`` reading one input) at ``bits_of(key)``, AWQ's scales first
+    with ``search_awq``; every rank gets every plan's codes, scales and errors, the same as one process computes.
+
+    Under ``paddle.distributed`` each job goes to an owner rank (:func:`owners`, by ``K^2 N + K^3``), except those
+    :func:`column_split` picks for GPTQ: their owner only factors the Hessian (and searches AWQ's scales), the
+    factor is sent to every rank, and each rank quantizes its share of the output columns."""
     rank, size = world()
     costs = [sum(plans[k].weight.shape[0] ** 2 * (plans[k].weight.shape[1] + plans[k].weight.shape[0])
                  for k in keys) for keys in jobs]
-    owner = owners(costs, size)
-    mine = [keys for keys, r in zip(jobs, owner) if r == rank]
-    for keys in mine:
-        work(list(keys))
-    if size == 1:
-        return
-    done = {k: (plans[k].codes, plans[k].scales, plans[k].alpha, plans[k].error, plans[k].relative)
-            for keys in mine for k in keys}
-    for part in all_gather(done, what):
-        for k, (codes, scales, alpha, error, relative) in part.items():
-            plans[k].scales, plans[k].alpha, plans[k].error, plans[k].relative = scales, alpha, error, relative
-            plans[k].adopt(codes)
+    split = [s and config.algo == "gptq" and all(plans[k].hessian is not None
+                                                 and column_bounds(plans[k].weight.shape[1], size) for k in keys)
+             for s, keys in zip(column_split(costs, size), jobs)]
+    owner = owners([plans[keys[0]].weight.shape[0] ** 3 if cut else cost
+                    for keys, cost, cut in zip(jobs, costs, split)], size)
+    factors: dict[int, Factor] = {}
+    done: dict[str, tuple] = {}
+    for j, keys in enumerate(jobs):
+        if owner[j] != rank:
+            continue
+        if search_awq:
+            _search_awq(plans, keys, config)
+        if split[j]:
+            factors[j] = plans[keys[0]].factor()
+        for k in keys:
+            if not split[j]:
+                plans[k].quantize(config, bits_of(k))
+                if progress is not None:
+                    progress(k)
+            order, dead = (factors[j].order, factors[j].dead) if split[j] else (None, None)
+            done[k] = (plans[k].codes, plans[k].scales, plans[k].alpha, plans[k].error, plans[k].relative, order, dead)
+    shared = [done] if size == 1 else all_gather(done, what)
+    layouts = {}
+    for part in shared:
+        for k, (codes, scales, alpha, error, relative, order, dead) in part.items():
+            plans[k].scales, plans[k].alpha = scales, alpha
+            if codes is not None:
+                plans[k].codes, plans[k].effective = codes, plans[k].dequantized(codes)
+                plans[k].error, plans[k].relative = error, relative
+            layouts[k] = (order, dead)
+    for j, keys in enumerate(jobs):
+        if split[j]:
+            _split_columns(plans, keys, config, bits_of, factors.get(j), layouts[keys[0]], what)
+            if progress is not None and rank == 0:
+                for k in keys:
+                    progress(k)
+
+
+def _search_awq(plans: Mapping[str, WeightPlan], keys: Sequence[str], config: WeightOnlyConfig) -> None:
+    """AWQ's input scales, shared by the weights ``keys`` reading one input."""
+    bits, size, symmetric = layer_group(plans[keys[0]].weight.shape[0], config)  # one input width: one group
+    found = search_scales([plans[k].weight for k in keys], plans[keys[0]].hessian, bits, size, symmetric)
+    for k in keys:
+        plans[k].scales, plans[k].alpha = found.scales, found.alpha
+
+
+def _split_columns(plans: Mapping[str, WeightPlan], keys: Sequence[str], config: WeightOnlyConfig,
+                   bits_of: Callable[[str], int], factor: Factor | None,
+                   layout: tuple[np.ndarray, np.ndarray], what: str) -> None:
+    """GPTQ of the weights ``keys`` with their output columns shared out over the ranks: the owner's ``factor`` is
+    sent to every rank (a sum with zeros elsewhere: exact), each rank quantizes its columns, and the parts are
+    joined in column order (codes, and per-column errors summed in one order: what one process computes)."""
+    rank, size = world()
+    k0 = plans[keys[0]].weight.shape[0]
+    upper = np.ascontiguousarray(factor.upper[::-1, ::-1]) if factor is not None else np.zeros((k0, k0), np.float32)
+    upper = all_reduce_array(upper, "sum", f"the GPTQ factor of {keys[0]}")[::-1, ::-1]
+    shared = Factor(layout[0], upper, layout[1])
+    part = {}
+    for k in keys:
+        bounds = column_bounds(plans[k].weight.shape[1], size)
+        assert bounds is not None  # column_split's condition
+        columns = slice(bounds[rank], bounds[rank + 1])
+        codes = plans[k].choose(config, bits_of(k), columns, shared)
+        part[k] = (codes, *plans[k].column_errors(codes, columns))
+    del shared, upper
+    parts = all_gather(part, what)
+    for k in keys:
+        codes = join_outputs([p[k][0] for p in parts])
+        assert codes is not None  # one grid: the same bits and group for every column
+        output = None if parts[0][k][2] is None else np.concatenate([p[k][2] for p in parts])
+        plans[k].settle(codes, np.concatenate([p[k][1] for p in parts]), output)
 
 
 def quantize_weights(
@@ -174,8 +277,8 @@ def quantize_weights(
     """Codes of every weight (``[in, out]`` by key) whose group ``config`` allows, and the float weights
     they stand for (divided by AWQ's scales). ``names``: the weight's parameter name by key (what the ONNX
     writers look up); ``hessians``: its input Hessian by key (None: round to nearest only); ``shared``: the
-    keys reading one input, which share AWQ's scales. Under ``paddle.distributed`` the weights are shared out
-    over the ranks (:func:`owners`) and every rank gets every code: the same as one process computes."""
+    keys reading one input, which share AWQ's scales. Under ``paddle.distributed`` the work is shared out
+    over the ranks (:func:`_share`) and every rank gets every code: the same as one process computes."""
     plans: dict[str, WeightPlan] = {}
     jobs = []
     for keys in shared:
@@ -186,21 +289,10 @@ def quantize_weights(
         for k in keys:
             plans[k] = WeightPlan(np.asarray(weights[k]), h, None, None)  # float32 weights stay float32
         jobs.append(keys)
-
-    def first(keys: list[str]) -> None:
-        bits, size, symmetric = layer_group(weights[keys[0]].shape[0], config)  # one input width: one group
-        if config.awq:
-            found = search_scales([weights[k] for k in keys], plans[keys[0]].hessian, bits, size, symmetric)
-            for k in keys:
-                plans[k].scales, plans[k].alpha = found.scales, found.alpha
-        for k in keys:
-            plans[k].quantize(config, config.bits_for(k) or config.bits)
-            if progress is not None:
-                progress(k)
-
-    _share(plans, jobs, first, "the codes of the weights")
+    _share(plans, jobs, config, lambda k: config.bits_for(k) or config.bits, config.awq, progress,
+           "the codes of the weights")
     promote = promoted({k: p for k, p in plans.items() if config.bits_for(k) is None}, config)
-    _share(plans, [[k] for k in promote], lambda keys: plans[keys[0]].quantize(config, 8), "the int8 codes")
+    _share(plans, [[k] for k in promote], config, lambda k: 8, False, None, "the int8 codes")
     result = WeightOnlyResult()
     effective = {}
     for k, plan in plans.items():
