@@ -12,7 +12,8 @@ Flat per-table keys also act as defaults for every op type, so both forms mix. `
 (False, True or "auto") is ours, not the seeds'; it defaults to False, the seeds' whole-table scale.
 ``scale_dtype`` ("float32" or "float16", ours) is how per-row scales and offsets are stored.
 ``bytes_budget`` (ours, a fraction of the float32 table's bytes) stores the rows read most often in the calibration
-ids passed to ``quant_embedding`` at ``mixed_bits[0]`` bits and the others at ``mixed_bits[1]`` (:mod:`qembed.mixed`).
+ids passed to ``quant_embedding`` at ``mixed_bits[0]`` bits and the others at ``mixed_bits[1]`` (:mod:`qembed.mixed`);
+the tables of one call pool their budgets.
 ``fused_lookup`` (False, True or "auto") is ours too: read the tables with the compiled ``qembed_lookup``
 op (:mod:`qembed.ext`) instead of the op sequence; the default "auto" does where the op loads (the Linux x86-64
 wheel ships it; elsewhere ``python -m qembed.build_ext`` builds it); PaddleSlim (no such op) behaves as False.
