@@ -171,11 +171,11 @@ def test_output_columns_quantized_apart_with_one_factor_equal_the_whole_weight(b
     from qptq.weight_only.hessian import column_errors
 
     rng = np.random.default_rng(3)
-    x, w = _layer(rng, k=512, n=197, rows=1500)
+    x, w = _layer(rng, k=512, n=600, rows=1500)
     h = (2 * x.T @ x / len(x)).astype(np.float32)
     whole = gptq(w, h, bits, group_size, True, family=family)
     factor = factor_hessian(h)
-    cuts = [0, 64, 128, 197]  # at multiples of plan.COLUMN_SHARE, as ranks share out columns
+    cuts = [0, 256, 512, 600]  # at multiples of plan.COLUMN_SHARE, as ranks share out columns
     parts = [gptq(w[:, lo:hi], h, bits, group_size, True, family=family, factor=factor)
              for lo, hi in zip(cuts, cuts[1:])]
     joined = join_outputs(parts)

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 pytest.importorskip("gguf")
 pytest.importorskip("onnx")
 
 from qdemo.testing import save_tiny_llama_gguf  # noqa: E402
-from qptq.weight_only.plan import column_bounds, column_split  # noqa: E402
+from qptq.weight_only.plan import JobWork, column_bounds, column_split  # noqa: E402
 
 WORKER = Path(__file__).with_name("dist_llm_worker.py")
 sys.path.insert(0, str(WORKER.parent))
@@ -30,19 +31,24 @@ def files(directory: Path) -> dict[str, bytes]:
 
 
 def test_two_ranks_write_the_bytes_of_one_process(tmp_path):
-    # FFN 384 -> 128: the down projection is most of a layer's GPTQ work, so the ranks share out its 128 output
-    # columns (64 each), the other linears go whole to one rank
-    source = save_tiny_llama_gguf(tmp_path / "tiny.gguf", layers=3, hidden=128, inter=384, head_dim=32)
-    cost = [sum(k * k * (n + k) for k, n in job) for job in  # a layer's jobs: q k v, o, gate up, down ([K, N] each)
-            ([(128, 128), (128, 64), (128, 64)], [(128, 128)], [(128, 384), (128, 384)], [(384, 128)])]
-    assert column_split(cost, 2) == [False, False, False, True] and column_bounds(128, 2) == [0, 64, 128]
+    # FFN 4096 -> 512: the down projection is most of a layer's GPTQ work, so the ranks share out its 512 output
+    # columns (256 each) after one factors its Hessian; the other linears go whole to a rank
+    source = save_tiny_llama_gguf(tmp_path / "tiny.gguf", layers=3, hidden=512, inter=4096, head_dim=128)
+    for config in (dist_llm_worker.GGUF, dist_llm_worker.INT):
+        works = [JobWork.of(job, config) for job in  # a layer's jobs: q k v, o, gate up, down ([K, N] each)
+                 ([(512, 512), (512, 256), (512, 256)], [(512, 512)], [(512, 4096), (512, 4096)], [(4096, 512)])]
+        assert column_split(works, [True] * 4, 2) == [False, False, False, True]
+    assert column_bounds(512, 2) == [0, 256, 512] and column_bounds(500, 2) is None
     ids = tmp_path / "ids.npy"
     np.save(ids, np.random.default_rng(0).integers(3, 320, (5, 48)))  # 5 windows: ranks get 3 and 2
     single = tmp_path / "single"
     single.mkdir()
-    gguf = dist_llm_worker.quantize_llm(source, single / "model.gguf", dist_llm_worker.GGUF, ids, format="gguf")
-    genai = dist_llm_worker.quantize_llm(source, single / "genai", dist_llm_worker.INT, ids,
-                                         format="onnxruntime-genai")
+    # one BLAS thread, as each rank has: OpenBLAS's AVX2 (Haswell) float32 products round differently with 1 and 2
+    # threads (its AVX-512 ones do not), so on an AVX2 CPU the bytes match for equal BLAS threads per process
+    with threadpool_limits(1, user_api="blas"):
+        gguf = dist_llm_worker.quantize_llm(source, single / "model.gguf", dist_llm_worker.GGUF, ids, format="gguf")
+        genai = dist_llm_worker.quantize_llm(source, single / "genai", dist_llm_worker.INT, ids,
+                                             format="onnxruntime-genai")
     assert any(layer.bits == 8 for layer in genai.result.layers)  # ratio 0.8 promoted some: shared out too
 
     out = tmp_path / "out"

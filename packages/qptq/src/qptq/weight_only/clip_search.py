@@ -16,6 +16,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from qcore.groupwise import Grid, decode, encode, grid_of, group_grid, step_group
 
+from .columns import column_chunks
+
 #: Candidate ratios of the group's range, 1.0 (no clip) included.
 RATIOS = tuple(np.round(np.linspace(0.5, 1.0, 11), 2))
 
@@ -50,5 +52,8 @@ def search_clip(weight: ArrayLike, hessian: ArrayLike, bits: int = 4, group_size
     grid = grid_of(bits, symmetric, family, group_size)
     w = np.asarray(weight, np.float32)
     blocks = diagonal_blocks(hessian, step_group(w.shape[0], grid, group_size))
-    errors = np.stack([group_errors(w, blocks, grid, r) for r in ratios])
-    return np.asarray(ratios)[np.argmin(errors, axis=0)]
+    best = []
+    for part in column_chunks(w.shape[1]):  # a column's scores from the same products wherever it is
+        chunk = np.ascontiguousarray(w[:, part])
+        best.append(np.argmin(np.stack([group_errors(chunk, blocks, grid, r) for r in ratios]), axis=0))
+    return np.asarray(ratios)[np.concatenate(best, axis=1)]

@@ -27,6 +27,8 @@ from numpy.typing import ArrayLike
 from qcore.errors import ConfigError, DataError
 from qcore.groupwise import GroupCodes, decode, encode, grid_of, group_grid, pack_group_codes, step_group
 
+from .columns import column_chunks
+
 #: Channels updated in full before the rest of the weight receives the block's errors.
 BLOCK_SIZE = 128
 #: Fraction of the mean Hessian diagonal added to it.
@@ -174,6 +176,8 @@ def gptq(
             codes[i] = encode(w[i], steps[g], zero_g, grid)
             errors[i - start] = (w[i] - decode(codes[i], steps[g], zero_g, grid)) / upper[i, i]
             w[i + 1:end] -= np.outer(upper[i, i + 1:end], errors[i - start])
-        w[end:] -= upper[start:end, end:].T @ errors
+        lazy = np.ascontiguousarray(upper[start:end, end:].T)
+        for part in column_chunks(n):
+            w[end:, part] -= lazy @ errors[:, part]
     codes[order] = codes.copy()
     return pack_group_codes(codes, steps, zeros, grid, size)

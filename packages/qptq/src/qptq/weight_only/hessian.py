@@ -20,6 +20,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from qcore.errors import DataError
 
+from .columns import column_chunks
+
 #: Bits of float64's significand: integers up to ``2**53`` are exact.
 EXACT_BITS = 53
 #: A float32 input has 24 significant bits: finer fixed points add nothing.
@@ -113,15 +115,20 @@ class HessianAccumulator:
 
 
 def column_errors(changes: Sequence[NDArray[np.floating]], hessian: NDArray[np.floating]) -> list[NDArray[np.float64]]:
-    """Per output column, ``d_n^T H d_n`` for each ``[K, N_i]`` weight change ``D`` of ``changes``: one float32 matrix
-    product over all of them (BLAS, not a triple loop; a report's four digits need no float64, which took twice the
-    time), each column summed on its own. A column's value depends on that column alone, so the columns of a
-    weight split over ranks sum (in column order) to what one process gets."""
-    stacked = np.concatenate([np.asarray(d, np.float32) for d in changes], axis=1)
-    product = np.asarray(hessian, np.float32) @ stacked
-    ends = np.cumsum([np.shape(d)[1] for d in changes])
-    return [np.sum(part * hd, axis=0, dtype=np.float64)
-            for part, hd in zip(np.split(stacked, ends[:-1], axis=1), np.split(product, ends[:-1], axis=1))]
+    """Per output column, ``d_n^T H d_n`` for each ``[K, N_i]`` weight change ``D`` of ``changes``: float32 matrix
+    products (BLAS, not a triple loop; a report's four digits need no float64, which took twice the time) over
+    :data:`.columns.COLUMN_CHUNK` columns at a time, each column summed on its own. A column's value thus depends
+    on that column alone, so the columns of a weight split over ranks give what one process gets."""
+    h = np.asarray(hessian, np.float32)
+    out = []
+    for d in changes:
+        d = np.asarray(d, np.float32)
+        sums = np.empty(d.shape[1], np.float64)
+        for part in column_chunks(d.shape[1]):
+            block = np.ascontiguousarray(d[:, part])
+            sums[part] = np.sum(block * (h @ block), axis=0, dtype=np.float64)
+        out.append(sums)
+    return out
 
 
 def output_errors(changes: Sequence[NDArray[np.floating]], hessian: NDArray[np.floating]) -> list[float]:
