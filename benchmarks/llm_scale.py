@@ -234,16 +234,31 @@ def prediction(rows: list[dict[str, Any]], tokens: int) -> str:
     hidden, inter, layers = LLAMA_8B[:3]
     layer_gb = 4 * layer_parameters(LLAMA_8B) / GB
     cores = 16
-    # the math of a layer is shared out by linears: it takes at least its largest linear's time
-    per_layer = [k * k * (n + k) for k, n in linears(*LLAMA_8B[:5], LLAMA_8B[5])[:7]]
-    shared_math = b * layers * max(max(per_layer), sum(per_layer) / cores)
+    # a layer's math over ranks: the FFN down projection's factor on one rank while the other linears are shared
+    # out, then its columns over every rank (qptq.weight_only.plan's two rounds, its JobWork estimate scaled to
+    # the one-process rows' seconds)
+    from qptq.weight_only import WeightOnlyConfig
+    from qptq.weight_only.plan import JobWork
+
+    config = WeightOnlyConfig(bits=4, group_size=128, algo="gptq", clip_search=True)
+
+    def layer_jobs(shape: tuple[int, ...]) -> list[JobWork]:
+        q, k, v, o, gate, up, down = linears(*shape[:5], shape[5])[:7]
+        return [JobWork.of(job, config) for job in ([q, k, v], [o], [gate, up], [down])]
+
+    unit = sum(r["math"] for r in single) / sum(
+        r["shape"][2] * sum(j.factor + j.columns for j in layer_jobs(r["shape"])) for r in single)
+    *rest, down = layer_jobs(LLAMA_8B)
+    rounds = max(down.factor, sum(j.factor + j.columns for j in rest) / (cores - 1)) + down.send + down.columns / cores
+    shared_math = unit * layers * rounds
     return (f"Fit on the 1-process, 1-thread rows: calibration {a * 1e12:.2f} s per 10^12 token-parameters, math "
             f"{b * 1e12:.2f} s per 10^12 of sum K^2 (N + K). An 8B Llama ({hidden} hidden, {inter} FFN, {layers} "
             f"layers) on the same budget: {a * calib / 60:.0f} min of calibration and {b * math / 60:.0f} min of "
             f"math on one core of this CPU. On a {cores}-core machine as {cores} ranks of one thread: calibration "
-            f"about {a * calib / cores / 60:.0f} min if it divides as the windows do, math at least "
-            f"{shared_math / 60:.0f} min (shared out by linears, a layer's largest, the FFN down projection, sets its "
-            f"time); peak about {2 + 2 * layer_gb + 2 * 4 * tokens * hidden / GB:.1f} GB a rank by the bound above. "
+            f"about {a * calib / cores / 60:.0f} min if it divides as the windows do, math about "
+            f"{shared_math / 60:.0f} min (the FFN down projection's factor on one rank sets most of a layer's time; "
+            f"its columns are shared out); peak about {2 + 2 * layer_gb + 2 * 4 * tokens * hidden / GB:.1f} GB a "
+            "rank by the bound above. "
             "Measured scaling of 2 ranks is in the table; 16 was not tried.")
 
 
