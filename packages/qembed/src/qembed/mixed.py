@@ -195,7 +195,7 @@ def quantize_mixed_tables(requests: Sequence[MixedRequest]) -> list[TableChoice]
     if not requests:
         return []
     colds = [_cold_set(r) for r in requests]
-    pool = sum(int(check_bytes_budget(r.bytes_budget) * np.asarray(c.values).nbytes) for r, c in zip(requests, colds))
+    pool = sum(int(check_bytes_budget(r.bytes_budget) * c.values.nbytes) for r, c in zip(requests, colds))
     pool -= sum(c.cold.stored_bytes + c.per_hot for c in colds)  # + each table's zero hot row
     taken = _pooled_hot_rows(colds, max(pool, 0))
     choices = []

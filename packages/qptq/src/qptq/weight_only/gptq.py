@@ -96,7 +96,7 @@ class Factor:
 
 def channel_order(hessian: ArrayLike, act_order: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The quantization order of the input channels (largest ``diag(H)`` first with ``act_order``) and the dead ones
-    (zero diagonal): cheap, so a rank that receives a factor's ``upper`` computes them itself."""
+    (zero diagonal)."""
     diagonal = np.diag(np.asarray(hessian))
     dead = diagonal == 0
     order = np.argsort(-np.where(dead, 1.0, diagonal.astype(np.float64)), kind="stable") if act_order else \
