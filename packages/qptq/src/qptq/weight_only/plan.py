@@ -128,10 +128,13 @@ class WeightPlan:
     def settle(self, codes: GroupCodes, change: np.ndarray, output: np.ndarray | None) -> None:
         """Take ``codes`` (chosen here or by other ranks) and their per-column errors (:meth:`column_errors`): the
         effective weight, ``tr(D^T H D)`` and the output error relative to the output."""
-        self.codes = codes
-        self.effective = self.dequantized(codes)
-        self.error = float(np.sum(change))
-        self.relative = None if output is None else float(np.sqrt(self.error / np.sum(output)))
+        error = float(np.sum(change))
+        self.adopt(codes, error, None if output is None else float(np.sqrt(error / np.sum(output))))
+
+    def adopt(self, codes: GroupCodes, error: float, relative: float | None) -> None:
+        """Take ``codes`` and their errors (:meth:`settle`'s, here or on another rank): the effective weight follows."""
+        self.codes, self.effective = codes, self.dequantized(codes)
+        self.error, self.relative = error, relative
 
 
 def promoted(plans: Mapping[str, WeightPlan], config: WeightOnlyConfig) -> list[str]:
@@ -254,8 +257,7 @@ def _share(plans: Mapping[str, WeightPlan], jobs: Sequence[Sequence[str]], confi
         for k, (codes, scales, alpha, error, relative, order, dead) in part.items():
             plans[k].scales, plans[k].alpha = scales, alpha
             if codes is not None:
-                plans[k].codes, plans[k].effective = codes, plans[k].dequantized(codes)
-                plans[k].error, plans[k].relative = error, relative
+                plans[k].adopt(codes, error, relative)
             layouts[k] = (order, dead)
     for j, keys in enumerate(jobs):
         if split[j]:
