@@ -368,8 +368,9 @@ def build_ours(bench: Bench, name: str) -> tuple[dict[str, Path], str]:
     source = MODELS[bench.args.model][2]()
     files = tokenizer_files(bench.tokenizer, read_metadata(source))
     shape = decoder_shape(fresh, files)
-    paths["onnxruntime-genai"] = write_genai_folder(bench.work / name / "genai", decoder_graph(fresh, result), shape,
-                                                    files.text, files.config, THREADS)
+    paths["onnxruntime-genai"] = write_genai_folder(
+        bench.work / name / "genai", lambda weights: decoder_graph(fresh, result, weights=weights), shape, files.text,
+        files.config, THREADS)
     paths["openvino-genai"] = write_openvino_genai_folder(bench.work / name / "openvino-genai",
                                                           decoder_model(fresh, result), shape, files.text,
                                                           files.config)

@@ -117,8 +117,8 @@ def test_genai_generator_with_a_shared_cache_buffer_continues_as_the_port(tmp_pa
                          head_dim=cfg.head_dim, context_length=cfg.context_length, bos_token_id=None,
                          eos_token_id=eos)
     tokenizer = '{"version": "1.0", "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}}'
-    folder = write_genai_folder(tmp_path / "genai", decoder_graph(net, result, FLOAT_ACTIVATIONS), shape, tokenizer,
-                                {"tokenizer_class": "PreTrainedTokenizerFast"})
+    folder = write_genai_folder(tmp_path / "genai", lambda w: decoder_graph(net, result, FLOAT_ACTIVATIONS, w), shape,
+                                tokenizer, {"tokenizer_class": "PreTrainedTokenizerFast"})
     model = og.Model(str(folder))
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=max_length, do_sample=False)

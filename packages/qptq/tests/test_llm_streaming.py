@@ -196,7 +196,9 @@ def test_gemma3_layers_stream_with_their_windows_and_rotary_bases():
 
 
 def test_quant_post_dynamic_takes_a_checkpoint_directory_and_streams_it(tmp_path):
+    onnx = pytest.importorskip("onnx")
     from qcore.errors import ConfigError
+    from qcore.export.external_data import ALIGN, THRESHOLD
     from qptq import quant_post_dynamic
 
     directory = save_tiny_paddlenlp_checkpoint(tmp_path / "ckpt", "qwen2", weights="safetensors", shards=2)
@@ -207,4 +209,13 @@ def test_quant_post_dynamic_takes_a_checkpoint_directory_and_streams_it(tmp_path
                                 format="onnxruntime-genai", calibration=np.arange(3, 259).reshape(2, 128))
     assert (report.output / "model.onnx").is_file() and report.format == "onnxruntime-genai"
     assert {layer.bits for layer in report.result.layers} == {4}
+    # the writer put every weight's bytes in model.onnx.data as it went: the graph holds references only
+    graph = onnx.load(str(report.output / "model.onnx"), load_external_data=False).graph
+    assert all(len(t.raw_data) < THRESHOLD for t in graph.initializer)
+    external = [t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert {t.name for t in external} >= {f"layers.{i}.mlp.down_proj.weight.nbits.B" for i in range(2)}
+    spans = [(int(e["offset"]), int(e["length"])) for e in ({e.key: e.value for e in t.external_data}
+                                                              for t in external)]
+    assert all(offset % ALIGN == 0 for offset, _ in spans)
+    assert max(o + n for o, n in spans) == (report.output / "model.onnx.data").stat().st_size
     assert not list(tmp_path.glob(".codes-*"))  # the spilled codes are gone once written

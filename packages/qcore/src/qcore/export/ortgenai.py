@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..outputs import staged_output
+from .external_data import ExternalData
 
-MODEL_FILE, CONFIG_FILE = "model.onnx", "genai_config.json"
+MODEL_FILE, DATA_FILE, CONFIG_FILE = "model.onnx", "model.onnx.data", "genai_config.json"
 #: Graph input and output names, ``%d`` the layer (``genai_config.json``'s ``inputs`` / ``outputs``).
 INPUTS = {"input_ids": "input_ids", "attention_mask": "attention_mask",
           "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"}
@@ -65,15 +66,18 @@ def genai_config(shape: DecoderShape, threads: int | None = None) -> dict[str, A
     return {"model": model, "search": search}
 
 
-def write_genai_folder(out_dir: str | os.PathLike[str], model: Any, shape: DecoderShape, tokenizer_json: str,
-                       tokenizer_config: Mapping[str, Any], threads: int | None = None) -> Path:
-    """Write the folder (staged: ``out_dir`` gets every file or none of them); ``model``'s I/O named as
-    :data:`INPUTS` / :data:`OUTPUTS` say, its weights saved beside it as ``model.onnx.data``."""
+def write_genai_folder(out_dir: str | os.PathLike[str], graph: Callable[[ExternalData], Any], shape: DecoderShape,
+                       tokenizer_json: str, tokenizer_config: Mapping[str, Any], threads: int | None = None) -> Path:
+    """Write the folder (staged: ``out_dir`` gets every file or none of them). ``graph(weights)`` builds the
+    ``onnx.ModelProto`` (I/O named as :data:`INPUTS` / :data:`OUTPUTS` say), writing its initializers to
+    ``weights``, ``model.onnx.data``, as it goes: memory holds one tensor at a time, not the model."""
     import onnx
 
     out = Path(out_dir)
     with staged_output(out, last=[CONFIG_FILE]) as staging:
-        onnx.save(model, str(staging / MODEL_FILE), save_as_external_data=True, location=MODEL_FILE + ".data")
+        with ExternalData(staging / DATA_FILE) as weights:
+            model = graph(weights)
+        onnx.save(model, str(staging / MODEL_FILE))
         (staging / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
         (staging / "tokenizer_config.json").write_text(json.dumps(dict(tokenizer_config), indent=1), encoding="utf-8")
         (staging / CONFIG_FILE).write_text(json.dumps(genai_config(shape, threads), indent=1), encoding="utf-8")

@@ -65,8 +65,8 @@ def save_ortgenai(model: Any, result: WeightOnlyResult, files: TokenizerFiles, o
                   threads: int | None = None) -> Path:
     """Write the ONNX Runtime GenAI folder ``out`` of ``model`` (quantized in place by
     :func:`qptq.weight_only.quantize_`, ``grid="int"``) with the tokenizer ``files``."""
-    return write_genai_folder(out, decoder_graph(model, result), decoder_shape(model, files), files.text,
-                              files.config, threads)
+    return write_genai_folder(out, lambda weights: decoder_graph(model, result, weights=weights),
+                              decoder_shape(model, files), files.text, files.config, threads)
 
 
 def save_openvino_genai(model: Any, result: WeightOnlyResult, files: TokenizerFiles,

@@ -89,7 +89,7 @@ class _DecoderWriter:
         """The ``[out, in]`` weight of the ``[in, out]`` parameter ``name`` (codes decompressed, or float)."""
         if name in self.codes:
             return decompressed(compressed_constants(self.codes[name]))
-        return _ops().constant(np.ascontiguousarray(self.state[name].T, np.float32))
+        return _ops().constant(np.ascontiguousarray(self.state[name].T, np.float32), shared_memory=True)
 
     def linear(self, x: Any, name: str) -> Any:
         """``x @ W (+ b)`` for the ``[in, out]`` parameter ``name`` and its bias, if any (Qwen2's q/k/v)."""
@@ -193,7 +193,8 @@ class _DecoderWriter:
         name = "embed_tokens.weight"
         if self._table is None:
             self._table = (compressed_constants(self.codes[name]) if name in self.codes
-                           else _ops().constant(np.ascontiguousarray(self.state[name], np.float32)))
+                           else _ops().constant(np.ascontiguousarray(self.state[name], np.float32),
+                                                shared_memory=True))  # the table: no second copy while saving
         return decompressed(self._table) if name in self.codes else self._table
 
     def head(self, x: Any) -> Any:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from qcore.export.external_data import ExternalData
 from qcore.export.gather_nbits import ort_lookup
 from qcore.export.nbits_layout import INT8_ACTIVATIONS, MS_DOMAIN, matmul_nbits, nbits_arrays
 from qcore.export.ortgenai import INPUTS, OUTPUTS
@@ -35,11 +36,13 @@ OPSET = 17
 
 
 class _Graph:
-    """Nodes and initializers being written, with unique names."""
+    """Nodes and initializers being written, with unique names; the initializers' bytes go to ``weights`` as they
+    are made when it is given (:class:`~qcore.export.external_data.ExternalData`), else stay in the graph."""
 
-    def __init__(self) -> None:
+    def __init__(self, weights: ExternalData | None = None) -> None:
         self.nodes: list[Any] = []
         self.inits: list[Any] = []
+        self.weights = weights
 
     def node(self, op: str, inputs: list[str], name: str, outputs: int | list[str] = 1, domain: str = "",
              **attrs: Any) -> list[str]:
@@ -54,18 +57,24 @@ class _Graph:
     def const(self, value: np.ndarray, name: str) -> str:
         from onnx import numpy_helper
 
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name) if self.weights is None
+                          else self.weights.array(value, name))
         return name
+
+    def add(self, nodes: list[Any], inits: list[Any]) -> None:
+        """Nodes and initializers made elsewhere (:mod:`qcore.export`'s op builders)."""
+        self.nodes.extend(nodes)
+        self.inits.extend(inits if self.weights is None else [self.weights.tensor(t) for t in inits])
 
 
 class _DecoderWriter:
     """Writes one decoder's graph from its parameters (``state``), codes by parameter name and layout."""
 
     def __init__(self, layout: DecoderLayout, state: dict[str, np.ndarray], codes: dict[str, GroupCodes],
-                 input_scales: dict[str, np.ndarray], accuracy_level: int) -> None:
+                 input_scales: dict[str, np.ndarray], accuracy_level: int, weights: ExternalData | None) -> None:
         self.layout, self.cfg, self.state, self.codes = layout, layout.cfg, state, codes
         self.input_scales, self.accuracy_level = input_scales, accuracy_level
-        self.g = _Graph()
+        self.g = _Graph(weights)
 
     def add_bias(self, y: str, weights: list[str], out: str) -> str:
         """``out = y + b``, ``b`` the biases of ``weights`` (``[in, out]`` parameters whose outputs ``y`` holds side by
@@ -94,8 +103,7 @@ class _DecoderWriter:
             g.node("MatMul", [x, g.const(self.state[weight], weight)], f"{weight}.matmul", [product])
         else:
             node, inits = matmul_nbits(self.codes[weight], x, product, f"{weight}.nbits", self.accuracy_level)
-            g.nodes.append(node)
-            g.inits.extend(inits)
+            g.add([node], inits)
         return self.add_bias(product, [weight], out)
 
     def fused(self, x: str, weights: list[str], name: str, widths: list[int], split: bool | None = None
@@ -109,8 +117,7 @@ class _DecoderWriter:
         if joined is None:
             return [self.linear(x, w) for w in weights]
         node, inits = matmul_nbits(joined, x, f"{name}.product", f"{name}.nbits", self.accuracy_level)
-        g.nodes.append(node)
-        g.inits.extend(inits)
+        g.add([node], inits)
         y = self.add_bias(node.output[0], weights, f"{name}.out")
         if not (self.layout.qk_norm if split is None else split):
             return [y]
@@ -174,8 +181,7 @@ class _DecoderWriter:
             nodes, inits = ort_lookup(q, ids, "embed_tokens.rows", "embed_tokens.lookup", b_name)
             if not self.cfg.tie_embeddings:
                 g.const(nbits_arrays(q).b, b_name)
-            g.nodes.extend(nodes)
-            g.inits.extend(inits)
+            g.add(nodes, inits)
             rows = "embed_tokens.rows"
         else:
             rows = g.node("Gather", [g.const(self.state[table], table), ids], "embed_tokens.rows")[0]
@@ -191,8 +197,7 @@ class _DecoderWriter:
             return self.linear(x, "lm_head.weight", "logits")
         if table in self.codes:
             node, inits = matmul_nbits(self.codes[table], x, "logits", f"{table}.nbits", self.accuracy_level)
-            g.nodes.append(node)
-            g.inits.extend(inits)
+            g.add([node], inits)
             return "logits"
         # the float table [vocab, hidden] read transposed by Gemm (no second copy of it)
         flat = g.node("Reshape", [x, g.const(np.array([-1, self.cfg.hidden_size], np.int64), "head.flat_shape")],
@@ -252,7 +257,10 @@ class _DecoderWriter:
                                                        helper.make_opsetid(MS_DOMAIN, 1)])
 
 
-def decoder_graph(model: Any, result: WeightOnlyResult, accuracy_level: int = INT8_ACTIVATIONS) -> Any:
+def decoder_graph(model: Any, result: WeightOnlyResult, accuracy_level: int = INT8_ACTIVATIONS,
+                  weights: ExternalData | None = None) -> Any:
     """The ONNX graph (``onnx.ModelProto``) of ``model`` (a :mod:`qptq.llm` port quantized in place by
-    :func:`qptq.weight_only.quantize_`, ``grid="int"``) with ``result``'s codes."""
-    return _DecoderWriter(DecoderLayout.of(model), *parameters_and_codes(model, result), accuracy_level).build()
+    :func:`qptq.weight_only.quantize_`, ``grid="int"``) with ``result``'s codes; its initializers written to
+    ``weights`` as they are made when given (the graph then holds none of their bytes), else held in the graph."""
+    return _DecoderWriter(DecoderLayout.of(model), *parameters_and_codes(model, result), accuracy_level,
+                          weights).build()

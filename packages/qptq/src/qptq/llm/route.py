@@ -212,6 +212,7 @@ def quantize_llm(source: str | os.PathLike[str], out: str | os.PathLike[str], co
         save, verify = ((save_ortgenai, verify_ortgenai) if format == "onnxruntime-genai"
                         else (save_openvino_genai, verify_openvino_genai))
         written = save(model, result, files, out)
+        model.state.clear()  # the float parameters: written, and the check runs the folder, not them
         size = sum(p.stat().st_size for p in written.iterdir() if p.is_file())
         return written, verify(written, probe, done.probe_logits, cfg), size
 
