@@ -115,3 +115,42 @@ def test_llama_cpp_computes_our_simulation(quantized, llama_cpp_deviation):
     # weights themselves change, and far from the float model's logits
     assert deployed_error < 0.2 * quantization_error, (deployed_error, quantization_error)
     assert top1 >= 0.95
+
+
+def test_the_writer_makes_and_drops_one_tensor_at_a_time(quantized, tmp_path):
+    """The GGUF is written a tensor at a time from a mapping that makes its values when read: no more than one
+    made value is alive at once, and the bytes equal those written from the values held all at once."""
+    import weakref
+    from collections.abc import Mapping
+
+    from qptq.llm.gguf_export import GGUFTensors
+
+    source, model, result, out, *_ = quantized
+    tensors = GGUFTensors(model, result)
+
+    class Counted(Mapping):
+        def __init__(self):
+            self.alive, self.most = 0, 0
+
+        def __getitem__(self, key):
+            value = tensors[key]
+            value = value.copy() if isinstance(value, np.ndarray) else dataclasses.replace(value)
+            self.alive += 1
+            self.most = max(self.most, self.alive)
+            weakref.finalize(value, self._dropped)
+            return value
+
+        def _dropped(self):
+            self.alive -= 1
+
+        def __iter__(self):
+            return iter(tensors)
+
+        def __len__(self):
+            return len(tensors)
+
+    counted = Counted()
+    streamed = write_gguf(tmp_path / "streamed.gguf", source, counted)
+    assert counted.most == 1
+    held = write_gguf(tmp_path / "held.gguf", source, dict(tensors.items()))
+    assert streamed.read_bytes() == held.read_bytes() == out.read_bytes()

@@ -120,19 +120,37 @@ def block_bytes(codes: GroupCodes) -> np.ndarray:
     return np.concatenate(parts, axis=-1).reshape(n, -1)
 
 
+def _block_type(value: GroupCodes | np.ndarray) -> tuple[str | None, int]:
+    """The block type of ``value`` (None: float) and its number of weights."""
+    coded = isinstance(value, GroupCodes) and value.grid is not None
+    return (value.grid.name, value.codes.size) if coded else (None, np.size(value))
+
+
 def _file_type(tensors: Mapping[str, GroupCodes | np.ndarray]) -> int:
     weights: dict[str, int] = {}
-    for value in tensors.values():
-        if isinstance(value, GroupCodes) and value.grid is not None:
-            weights[value.grid.name] = weights.get(value.grid.name, 0) + value.codes.size
+    for kind, size in (_block_type(tensors[name]) for name in tensors):  # a value at a time: none kept
+        if kind is not None:
+            weights[kind] = weights.get(kind, 0) + size
     return FILE_TYPES[max(weights, key=weights.__getitem__)] if weights else _ALL_F32
+
+
+def _check_value(name: str, value: GroupCodes | np.ndarray, shape: tuple[int, ...], source: Any) -> None:
+    """One line when ``value`` is not the ``shape`` (numpy order) of the source's tensor ``name``, or codes off the
+    block grids."""
+    given = value.codes.T.shape if isinstance(value, GroupCodes) else np.shape(value)
+    if given != shape:
+        raise ConfigError(f"{name} is {list(shape)} in {source}; the values given are {list(given)}")
+    if isinstance(value, GroupCodes):
+        _check_block_type(value)
 
 
 def write_gguf(path: str | os.PathLike[str], source: str | os.PathLike[str],
                tensors: Mapping[str, GroupCodes | np.ndarray]) -> Path:
     """Write ``path``: ``source``'s metadata and tensors, those named in ``tensors`` replaced by their codes
     (a block type) or float32 arrays (GGUF orientation: ``[rows, row length]``); ``general.file_type`` says the
-    block type most weights have. Atomic: ``path`` is either the whole file or untouched."""
+    block type most weights have. Atomic: ``path`` is either the whole file or untouched. The file is written a
+    tensor at a time; a ``tensors`` mapping that makes each value when it is read (and keeps none) bounds the
+    memory by the largest tensor."""
     gguf = require_gguf()
     reader = gguf.GGUFReader(str(source))
     known = {t.name: t for t in reader.tensors}
@@ -140,13 +158,8 @@ def write_gguf(path: str | os.PathLike[str], source: str | os.PathLike[str],
     if unknown:
         raise ConfigError(f"{unknown[0]!r} is not a tensor of {source} ({len(unknown)} unknown names); write "
                           "the source file's tensor names")
-    for name, value in tensors.items():
-        shape = tuple(int(d) for d in reversed(known[name].shape))  # slowest first, as numpy
-        given = value.codes.T.shape if isinstance(value, GroupCodes) else np.shape(value)
-        if given != shape:
-            raise ConfigError(f"{name} is {list(shape)} in {source}; the values given are {list(given)}")
-        if isinstance(value, GroupCodes):
-            _check_block_type(value)
+    for name in tensors:
+        _check_value(name, tensors[name], tuple(int(d) for d in reversed(known[name].shape)), source)
     arch = reader.fields["general.architecture"].contents()
     path = Path(path)
     with quiet_loggers("gguf"):
@@ -155,6 +168,8 @@ def write_gguf(path: str | os.PathLike[str], source: str | os.PathLike[str],
 
 
 def _write(gguf: Any, reader: Any, arch: str, path: Path, tensors: Mapping[str, GroupCodes | np.ndarray]) -> None:
+    """Every tensor's place first (shape, type, bytes), then each tensor's bytes made and written in turn: memory
+    holds one tensor, not the file (``tensors`` may make its values when read)."""
     with atomic_file(path) as tmp:
         writer = gguf.GGUFWriter(str(tmp), arch)
         for field in reader.fields.values():
@@ -165,14 +180,33 @@ def _write(gguf: Any, reader: Any, arch: str, path: Path, tensors: Mapping[str, 
             writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
         writer.add_key_value(_FILE_TYPE_KEY, _file_type(tensors), gguf.GGUFValueType.UINT32)
         for t in reader.tensors:
-            value = tensors.get(t.name)
-            if value is None:
-                writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
-            elif isinstance(value, GroupCodes):
-                writer.add_tensor(t.name, block_bytes(value), raw_dtype=gguf.GGMLQuantizationType[value.grid.name])
-            else:
-                writer.add_tensor(t.name, np.ascontiguousarray(value, np.float32))
+            _add_info(gguf, writer, t, tensors.get(t.name))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
+        writer.write_ti_data_to_file()
+        for t in reader.tensors:
+            writer.write_tensor_data(_data(t, tensors.get(t.name)))
         writer.close()
+
+
+def _add_info(gguf: Any, writer: Any, source: Any, value: GroupCodes | np.ndarray | None) -> None:
+    """The place of the tensor the file holds for ``source`` (a reader's tensor): ``value`` when given."""
+    if value is None:
+        writer.add_tensor_info(source.name, source.data.shape, source.data.dtype, source.data.nbytes,
+                               raw_dtype=source.tensor_type)
+    elif isinstance(value, GroupCodes):
+        kind = gguf.GGMLQuantizationType[value.grid.name]
+        k, n = value.codes.shape
+        block, size = gguf.GGML_QUANT_SIZES[kind]
+        writer.add_tensor_info(source.name, (n, k // block * size), np.dtype(np.uint8), n * (k // block) * size,
+                               raw_dtype=kind)
+    else:
+        writer.add_tensor_info(source.name, np.shape(value), np.dtype(np.float32), 4 * np.size(value))
+
+
+def _data(source: Any, value: GroupCodes | np.ndarray | None) -> np.ndarray:
+    """The bytes the file holds for ``source`` (a reader's tensor): ``value``'s blocks or float32, else the
+    source's own."""
+    if value is None:
+        return source.data
+    return block_bytes(value) if isinstance(value, GroupCodes) else np.ascontiguousarray(value, np.float32)

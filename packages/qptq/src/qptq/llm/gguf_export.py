@@ -6,6 +6,7 @@ GGUF the model was read from (:func:`qcore.export.gguf.write_gguf`)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +30,30 @@ def gguf_table(model: Any) -> dict[str, GGUFTensor]:
     return port_of(cfg).gguf_tensors(cfg)
 
 
-def gguf_tensors_of(model: Any, result: WeightOnlyResult) -> dict[str, GroupCodes | np.ndarray]:
-    """Every parameter of ``model`` (a port, or a :class:`.streaming.StreamedDecoder`) by GGUF name: the codes
-    ``result`` holds for it, else its float value."""
-    state = model.state_dict()
-    codes = {f"{layer.name}.weight": result.codes[layer.weight] for layer in result.layers}
-    return {where.name: (where.codes_from_paddle(codes[name]) if name in codes
-                         else where.from_paddle(np.asarray(state[name], np.float32)))
-            for name, where in gguf_table(model).items()}
+class GGUFTensors(Mapping[str, "GroupCodes | np.ndarray"]):
+    """Every parameter of a decoder (a port, or a :class:`.streaming.StreamedDecoder`) by GGUF name: the codes the
+    result holds for it, else its float value, made when read and not kept (the writer reads one at a time)."""
+
+    def __init__(self, model: Any, result: WeightOnlyResult) -> None:
+        self.state = model.state_dict()
+        self.codes = {f"{layer.name}.weight": result.codes[layer.weight] for layer in result.layers}
+        self.where = {where.name: (name, where) for name, where in gguf_table(model).items()}
+
+    def __getitem__(self, key: str) -> GroupCodes | np.ndarray:
+        name, where = self.where[key]
+        if name in self.codes:
+            return where.codes_from_paddle(self.codes[name])
+        return where.from_paddle(np.asarray(self.state[name], np.float32))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.where)
+
+    def __len__(self) -> int:
+        return len(self.where)
 
 
 def save_gguf(model: Any, result: WeightOnlyResult, source: str | os.PathLike[str],
               path: str | os.PathLike[str]) -> Path:
     """Write ``model`` (quantized in place by :func:`qptq.weight_only.quantize_` with ``grid="gguf"``) to ``path``
     with the metadata and tokenizer of ``source``, the GGUF it was read from."""
-    return write_gguf(path, source, gguf_tensors_of(model, result))
+    return write_gguf(path, source, GGUFTensors(model, result))
