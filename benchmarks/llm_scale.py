@@ -60,8 +60,8 @@ def child(args: argparse.Namespace) -> None:
     """One process (or rank): quantize the checkpoint, write this rank's timings and peaks."""
     import paddle.distributed as dist
 
+    import qptq.llm.route as route
     import qptq.llm.streaming as streaming
-    from qptq.llm.route import quantize_llm
     from qptq.weight_only import WeightOnlyConfig
 
     if int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) > 1:
@@ -76,15 +76,25 @@ def child(args: argparse.Namespace) -> None:
         return out
 
     streaming.quantize_streaming = peaked
+    written_peak: list[float] = []
+    for name in ("verify_ortgenai", "verify_openvino_genai", "verify_gguf"):  # VmHWM once the output is written
+        check = getattr(route, name)
+
+        def checked(*a: Any, _check: Any = check, **k: Any) -> Any:
+            written_peak.append(peak_rss_mb())
+            return _check(*a, **k)
+
+        setattr(route, name, checked)
     config = WeightOnlyConfig(bits=4, group_size=128, algo="gptq", clip_search=True, sequential=True)
     start = time.perf_counter()
-    report = quantize_llm(args.checkpoint, args.out, config, args.ids, format=args.format)
+    report = route.quantize_llm(args.checkpoint, args.out, config, args.ids, format=args.format)
     seconds = time.perf_counter() - start
     files = sorted(p for p in Path(args.out).rglob("*") if p.is_file())
     digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in files)).hexdigest()
     Path(args.report).with_name(f"rank{rank}.json").write_text(json.dumps({
         "seconds": seconds, "calibration": report.result.calibration_seconds, "math": report.result.math_seconds,
-        "streaming": report.result.seconds, "peak_quantizing_mb": streaming_peak[0], "peak_mb": peak_rss_mb(),
+        "streaming": report.result.seconds, "peak_quantizing_mb": streaming_peak[0],
+        "peak_written_mb": written_peak[0] if written_peak else None, "peak_mb": peak_rss_mb(),
         "bytes": report.file_bytes, "digest": digest, "verified": report.verified}))
 
 
@@ -117,6 +127,7 @@ def run(setup: str, ckpt: Path, ids: Path, out: Path, fmt: str) -> dict[str, Any
     first = ranks[0]
     return {**first, "job": job, "ranks": len(ranks), "peak_mb": max(r["peak_mb"] for r in ranks),
             "peak_quantizing_mb": max(r["peak_quantizing_mb"] for r in ranks),
+            "peak_written_mb": max((r.get("peak_written_mb") or 0) for r in ranks) or None,
             "calibration": max(r["calibration"] for r in ranks), "math": max(r["math"] for r in ranks)}
 
 
@@ -194,23 +205,25 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
              f"outputs) on {args.windows} x {args.length} calibration tokens, written as a {args.format} folder and "
              "checked by its runtime. Calibration: the layers' forward passes (input ranges, exact Hessians, outputs);"
              " math: GPTQ and clip search; other: reading the table, writing, the runtime's check, start-up. RSS: the "
-             "process's peak (VmHWM) when the last layer is done and over the whole call (which includes building "
-             "and checking the runtime's model). Bound: 2 GB + two decoder layers in float32 + the calibration "
-             "hidden states (two copies). 1-minute load average before / after each run: "
+             "process's peak (VmHWM) when the last layer is done, when the output is written (before the runtime's "
+             "check) and over the whole call (the check loads the written model in its runtime). Bound: 2 GB + two "
+             "decoder layers in float32 + the calibration hidden states (two copies). 1-minute load average before / "
+             "after each run: "
              + "; ".join(f"{r['size']} {r['setup']}: " + (" / ".join(f"{v:.2f}" for v in r["load"]) if r.get("load")
                                                            else "not recorded") for r in rows) + ".",
              "",
              "| size | params | set-up | wall (s) | calibration (s) | math (s) | other (s) | peak RSS quantizing (GB) |"
-             " peak RSS call (GB) | bound (GB) | output (MB) | same bytes as 1 process |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             " peak RSS written (GB) | peak RSS call (GB) | bound (GB) | output (MB) | same bytes as 1 process |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         hidden, _, layers, _, _, vocab = r["shape"]
         params = layer_parameters(r["shape"]) * layers + vocab * hidden
         bound = 2 + (2 * 4 * layer_parameters(r["shape"]) + 2 * 4 * tokens * hidden) / GB
         other = r["job"] - r["calibration"] - r["math"]
         same = "" if r.get("identical") is None else ("yes" if r["identical"] else "**no**")
+        written = "not recorded" if r.get("peak_written_mb") is None else f"{r['peak_written_mb'] / 1024:.2f}"
         lines.append(f"| {r['size']} | {params / 1e9:.2f}B | {r['setup']} | {r['job']:.0f} | {r['calibration']:.0f} | "
-                     f"{r['math']:.0f} | {other:.0f} | {r['peak_quantizing_mb'] / 1024:.2f} | "
+                     f"{r['math']:.0f} | {other:.0f} | {r['peak_quantizing_mb'] / 1024:.2f} | {written} | "
                      f"{r['peak_mb'] / 1024:.2f} | {bound:.2f} | {r['bytes'] / 1e6:.0f} | {same} |")
     lines += ["", prediction(rows, tokens), ""]
     for r in rows:
