@@ -40,7 +40,7 @@ class ExternalData:
         """The initializer ``name`` holding ``value``: its bytes in the file when they reach :data:`THRESHOLD`."""
         from onnx import TensorProto, helper, numpy_helper
 
-        value = np.ascontiguousarray(value)
+        value = np.ascontiguousarray(value, value.dtype.newbyteorder("<"))  # ONNX stores little-endian
         if value.nbytes < THRESHOLD:
             return numpy_helper.from_array(value, name)
         proto = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(value.dtype), dims=value.shape)
