@@ -40,6 +40,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..groupwise import GroupCodes, factor_steps
+from ..mapped import drop_pages
 from ..outputs import atomic_file
 from .quiet import quiet_loggers
 
@@ -209,4 +210,8 @@ def _data(source: Any, value: GroupCodes | np.ndarray | None) -> np.ndarray:
     source's own."""
     if value is None:
         return source.data
-    return block_bytes(value) if isinstance(value, GroupCodes) else np.ascontiguousarray(value, np.float32)
+    if not isinstance(value, GroupCodes):
+        return np.ascontiguousarray(value, np.float32)
+    blocks = block_bytes(value)
+    drop_pages(value.codes)  # memory-mapped codes: their pages can go once the blocks are made
+    return blocks

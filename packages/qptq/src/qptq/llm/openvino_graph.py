@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from qcore.groupwise import GroupCodes
+from qcore.mapped import drop_pages
 
 from ..weight_only.plan import WeightOnlyResult
 from .layout import DecoderLayout, parameters_and_codes, rotary_cache
@@ -63,6 +64,7 @@ def compressed_constants(q: GroupCodes) -> tuple[Any, Any, Any]:
     zero = (np.full((n, groups, 1), shift, np.uint8) if q.zero_points is None
             else np.ascontiguousarray(q.zero_points.T, np.uint8)[..., None])
     steps = ops.constant(np.ascontiguousarray(q.scales.T, np.float32)[..., None])
+    drop_pages(q.codes)  # copied into the constants: the memory-mapped pages can go
     return _constant(codes, kind), _constant(zero, kind), steps
 
 

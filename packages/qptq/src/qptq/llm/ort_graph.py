@@ -19,6 +19,7 @@ kernels do).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from qcore.export.gather_nbits import ort_lookup
 from qcore.export.nbits_layout import INT8_ACTIVATIONS, MS_DOMAIN, matmul_nbits, nbits_arrays
 from qcore.export.ortgenai import INPUTS, OUTPUTS
 from qcore.groupwise import GroupCodes, join_outputs
+from qcore.mapped import drop_pages
 
 from ..weight_only.plan import WeightOnlyResult
 from .layout import DecoderLayout, parameters_and_codes, rotary_cache
@@ -102,9 +104,17 @@ class _DecoderWriter:
         if weight not in self.codes:
             g.node("MatMul", [x, g.const(self.state[weight], weight)], f"{weight}.matmul", [product])
         else:
-            node, inits = matmul_nbits(self.codes[weight], x, product, f"{weight}.nbits", self.accuracy_level)
-            g.add([node], inits)
+            self.nbits(self.codes[weight], x, product, f"{weight}.nbits")
         return self.add_bias(product, [weight], out)
+
+    def nbits(self, q: GroupCodes, x: str, y: str, name: str, sources: Sequence[GroupCodes] = ()) -> str:
+        """``y = x @ dequantize(q)`` as ``MatMulNBits``; then the pages of ``q``'s codes (or of ``sources``, the
+        codes ``q`` was joined from) are dropped, when they are memory-mapped (:func:`qcore.mapped.drop_pages`)."""
+        node, inits = matmul_nbits(q, x, y, name, self.accuracy_level)
+        self.g.add([node], inits)
+        for written in sources or [q]:
+            drop_pages(written.codes)
+        return y
 
     def fused(self, x: str, weights: list[str], name: str, widths: list[int], split: bool | None = None
               ) -> list[str]:
@@ -116,9 +126,8 @@ class _DecoderWriter:
             else join_outputs([self.codes[w] for w in weights])
         if joined is None:
             return [self.linear(x, w) for w in weights]
-        node, inits = matmul_nbits(joined, x, f"{name}.product", f"{name}.nbits", self.accuracy_level)
-        g.add([node], inits)
-        y = self.add_bias(node.output[0], weights, f"{name}.out")
+        product = self.nbits(joined, x, f"{name}.product", f"{name}.nbits", [self.codes[w] for w in weights])
+        y = self.add_bias(product, weights, f"{name}.out")
         if not (self.layout.qk_norm if split is None else split):
             return [y]
         sizes = g.const(np.array(widths, np.int64), f"{name}.widths")
@@ -196,9 +205,7 @@ class _DecoderWriter:
         if not self.cfg.tie_embeddings:
             return self.linear(x, "lm_head.weight", "logits")
         if table in self.codes:
-            node, inits = matmul_nbits(self.codes[table], x, "logits", f"{table}.nbits", self.accuracy_level)
-            g.add([node], inits)
-            return "logits"
+            return self.nbits(self.codes[table], x, "logits", f"{table}.nbits")
         # the float table [vocab, hidden] read transposed by Gemm (no second copy of it)
         flat = g.node("Reshape", [x, g.const(np.array([-1, self.cfg.hidden_size], np.int64), "head.flat_shape")],
                       "head.flat")[0]
